@@ -1,0 +1,1 @@
+from .backbones import PaCaViT  # noqa: F401

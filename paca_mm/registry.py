@@ -1,0 +1,40 @@
+"""The one place where paca_mm registers its modules into the OpenMMLab toolboxes.
+
+``import paca_mm`` calls :func:`register_all`. Each toolbox (mmpretrain, mmdet, mmseg) is
+optional: a missing one is skipped (see ``REGISTERED`` for what went where), so importing
+never fails because one of the three is absent. Registering into the scoped registries
+(not mmengine's root) makes ``type='PaCaViT'`` resolve in every scope and also with a
+scope prefix, e.g. ``type='mmdet.PaCaViT'`` from an mmseg config.
+"""
+import importlib
+from typing import Dict, List
+
+# toolbox -> names registered there (filled by register_all)
+REGISTERED: Dict[str, List[str]] = {}
+MISSING: Dict[str, str] = {}
+
+
+def _registry(toolbox: str, name: str):
+    try:
+        module = importlib.import_module(f'{toolbox}.registry')
+    except Exception as e:  # toolbox not installed, or broken install
+        MISSING[toolbox] = f'{type(e).__name__}: {e}'
+        return None
+    return getattr(module, name)
+
+
+def _register(toolbox: str, registry_name: str, module, names=None):
+    registry = _registry(toolbox, registry_name)
+    if registry is None:
+        return
+    for name in names or [module.__name__]:
+        if name not in registry.module_dict:
+            registry.register_module(name=name, module=module)
+        REGISTERED.setdefault(toolbox, []).append(f'{registry_name}.{name}')
+
+
+def register_all():
+    """Register every paca_mm component into the toolboxes that are installed."""
+    from .models.backbones import PaCaViT
+    for toolbox in ('mmpretrain', 'mmdet', 'mmseg'):
+        _register(toolbox, 'MODELS', PaCaViT)
