@@ -38,3 +38,15 @@ def register_all():
     from .models.backbones import PaCaViT
     for toolbox in ('mmpretrain', 'mmdet', 'mmseg'):
         _register(toolbox, 'MODELS', PaCaViT)
+    from .hooks import PaCaClusterVisHook  # cluster heatmaps during training
+    for toolbox in ('mmengine', 'mmpretrain', 'mmdet', 'mmseg'):
+        _register(toolbox, 'HOOKS', PaCaClusterVisHook)
+    from .models.decode_heads import PaCaEncoderDecoder, PaCaHead  # None without mmseg
+    _register('mmseg', 'MODELS', PaCaHead, names=['PaCaHead', 'PaCaSegHead'])
+    _register('mmseg', 'MODELS', PaCaEncoderDecoder)
+    from .datasets.synthetic_cls import SyntheticClsDataset  # None without mmpretrain
+    _register('mmpretrain', 'DATASETS', SyntheticClsDataset,
+              names=['SyntheticClsDataset', 'PaCaSyntheticCls'])
+    from .utils.cpu_wrappers import CPUAmpOptimWrapper, CPUDistributedDataParallel  # tools, CPU
+    _register('mmengine', 'OPTIM_WRAPPERS', CPUAmpOptimWrapper)
+    _register('mmengine', 'MODEL_WRAPPERS', CPUDistributedDataParallel)

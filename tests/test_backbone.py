@@ -1,5 +1,6 @@
 """PaCaViT: presets, parameter counts, shapes, options, and checkpoint loading."""
 import copy
+import logging
 
 import pytest
 import torch
@@ -285,13 +286,34 @@ def test_missing_checkpoint_is_an_error(tmp_path):
         model.init_weights()
 
 
-def test_cluster_count_change_100_to_200(tmp_path, capfd):
+class _Collect(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+def _logged(fn):
+    """Run fn() and return what it logged through mmengine's current logger."""
+    from mmengine.logging import MMLogger
+    logger = MMLogger.get_current_instance()
+    handler = _Collect()
+    logger.addHandler(handler)
+    try:
+        fn()
+    finally:
+        logger.removeHandler(handler)
+    return '\n'.join(handler.lines)
+
+
+def test_cluster_count_change_100_to_200(tmp_path):
     src = PaCaViT(arch='tiny')  # (100, 100, 100, 0)
     path = _official_style_file(tmp_path, src)
     dst = PaCaViT(arch='tiny', num_clusters=(200, 200, 200, 0),
                   init_cfg=dict(type='Pretrained', checkpoint=path))
-    dst.init_weights()
-    text = capfd.readouterr().out  # mmengine's logger writes to stdout
+    text = _logged(dst.init_weights)
     assert 'cluster count changed' in text
     assert 'stage1.0.attn.clustering.clustering.4.weight' in text
     changed = {f'stage{s}.0.attn.clustering.clustering.4.weight' for s in (1, 2, 3)}

@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..layers.common import map_to_tokens
 from ..layers.paca import cluster_softmax
 
 
@@ -109,4 +110,4 @@ class ConvMixerTeacher(nn.Module):
             lg = head(feats[i]).flatten(2)
             logits.append(lg)
             zs.append(cluster_softmax(lg))
-        return zs, logits, [o.flatten(2).transpose(1, 2) for o in outs]
+        return zs, logits, [map_to_tokens(o) for o in outs]

@@ -20,7 +20,7 @@ from mmengine.logging import print_log
 from mmengine.model import BaseModule
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..layers.common import ConvFFN, LayerNorm2d
+from ..layers.common import ConvFFN, LayerNorm2d, map_to_tokens, tokens_to_map
 from ..layers.paca import (CLUSTERING_TYPES, OFFICIAL_CLUSTERING_NAMES,
                            PaCaAttention)
 from .paca_teacher import ConvMixerTeacher
@@ -395,7 +395,9 @@ class PaCaViT(BaseModule):
         block-wise mode), are kept in ``self.cluster_logits`` from the same pass.
         """
         self._check_input(x)
-        x = self.patch_embed(x)
+        # Everything runs channels_last, so that switching between (B, C, H, W) maps and
+        # (B, N, C) tokens is a free view, never a copy.
+        x = self.patch_embed(x.contiguous(memory_format=torch.channels_last))
         B = x.shape[0]
         if self.paca_teacher is not None:
             t_z, t_logits, t_outs = self.paca_teacher(x)
@@ -404,9 +406,9 @@ class PaCaViT(BaseModule):
         outs = []
         for i in range(self.num_stages):
             if i > 0:
-                x = getattr(self, f'transition{i}')(x)
+                x = getattr(self, f'transition{i}')(tokens_to_map(x, hw))
             hw = (x.shape[2], x.shape[3])
-            x = x.flatten(2).transpose(1, 2)
+            x = map_to_tokens(x)
             z = t_z[i] if self.paca_teacher is not None else None
             first_logits = t_logits[i] if self.paca_teacher is not None else None
             for blk in getattr(self, f'stage{i + 1}'):
@@ -419,12 +421,11 @@ class PaCaViT(BaseModule):
             if self.paca_teacher is not None:
                 x = x + t_outs[i]
             x = getattr(self, f'norm{i + 1}')(x)
-            x = x.transpose(1, 2).reshape(B, -1, hw[0], hw[1])
             if record:
                 cluster_logits.append(None if first_logits is None else
                                       first_logits.detach().reshape(B, -1, hw[0], hw[1]))
             if i in self.out_indices:
-                outs.append(x)
+                outs.append(tokens_to_map(x, hw))  # (B, C, H, W), channels_last strides
         if record:
             self.cluster_logits = cluster_logits
         return tuple(outs)

@@ -6,10 +6,23 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
+def tokens_to_map(x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
+    """(B, N, C) tokens -> (B, C, H, W) map, as a channels_last *view* (no copy)."""
+    B, N, C = x.shape
+    return x.reshape(B, hw[0], hw[1], C).permute(0, 3, 1, 2)
+
+
+def map_to_tokens(x: torch.Tensor) -> torch.Tensor:
+    """(B, C, H, W) map -> (B, H*W, C) tokens; free for channels_last maps."""
+    B, C, H, W = x.shape
+    return x.permute(0, 2, 3, 1).reshape(B, H * W, C)
+
+
 class LayerNorm2d(nn.LayerNorm):
     """LayerNorm over the channels of a (B, C, H, W) map, at every pixel."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # For a channels_last map both permutes are free.
         x = x.permute(0, 2, 3, 1)
         x = F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
         return x.permute(0, 3, 1, 2)
@@ -23,9 +36,9 @@ class DWConvShortcut(nn.Module):
         self.dwconv = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
 
     def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
-        B, N, C = x.shape
-        y = self.dwconv(x.transpose(1, 2).reshape(B, C, hw[0], hw[1]))
-        return x + y.flatten(2).transpose(1, 2)
+        y = map_to_tokens(self.dwconv(tokens_to_map(x, hw)))
+        # y is a fresh conv output that no backward needs: add the shortcut in place.
+        return y.add_(x)
 
 
 class ConvFFN(nn.Module):

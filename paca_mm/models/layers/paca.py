@@ -12,6 +12,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .common import map_to_tokens, tokens_to_map
+
 CLUSTERING_TYPES = ('conv', 'mlp', 'linear')
 # Names used by the official configs (``paca_cfg.type``).
 OFFICIAL_CLUSTERING_NAMES = {'P2CConv2d': 'conv', 'P2CMlp': 'mlp', 'P2CLinear': 'linear'}
@@ -34,9 +36,8 @@ class ConvClustering(nn.Module):
         )
 
     def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
-        B, N, C = x.shape
-        x = x.transpose(1, 2).reshape(B, C, hw[0], hw[1])
-        return self.clustering(x).flatten(2)
+        # channels_last view in, channels_last out: (B, N, M) in memory, no layout copies.
+        return map_to_tokens(self.clustering(tokens_to_map(x, hw))).transpose(1, 2)
 
 
 class MlpClustering(nn.Module):

@@ -1,0 +1,13 @@
+"""Runtime helpers for the tools (train/test, CPU support, torch>=2.6 checkpoints)."""
+from .cpu_wrappers import CPUAmpOptimWrapper, CPUDistributedDataParallel
+from .runtime import (adapt_cfg_to_device, allow_mmengine_checkpoint_globals,
+                      apply_test_args, apply_train_args, build_runner, get_scope,
+                      init_cpu_distributed, mmengine_checkpoint_globals,
+                      register_toolbox_modules, set_work_dir)
+
+__all__ = [
+    'CPUAmpOptimWrapper', 'CPUDistributedDataParallel', 'adapt_cfg_to_device',
+    'allow_mmengine_checkpoint_globals', 'apply_test_args', 'apply_train_args',
+    'build_runner', 'get_scope', 'init_cpu_distributed', 'mmengine_checkpoint_globals',
+    'register_toolbox_modules', 'set_work_dir'
+]

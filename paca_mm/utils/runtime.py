@@ -1,0 +1,425 @@
+"""Runtime helpers behind ``tools/train.py`` and ``tools/test.py``.
+
+One set of tools serves the three toolboxes: the config's ``default_scope``
+(``'mmseg'``, ``'mmdet'`` or ``'mmpretrain'``) selects whose modules are registered and
+whose command-line semantics (``--out``, ``--show-dir``, ``--tta``) apply. Besides
+that, the helpers make the tools work where the stock OpenMMLab tools do not:
+
+* **torch >= 2.6 checkpoints** -- ``torch.load`` is weights-only by default and rejects
+  the Python objects mmengine stores in a Runner checkpoint (see
+  :func:`allow_mmengine_checkpoint_globals`).
+* **CPU-only machines** -- SyncBN configs are rewritten to BN, ``AmpOptimWrapper``
+  (CUDA only in mmengine) becomes bf16 autocast on CPU, and a distributed launch
+  (torchrun / Slurm / MPI) creates a gloo process group itself, because mmengine's
+  ``init_dist`` always calls ``torch.cuda.set_device`` (see :func:`adapt_cfg_to_device`
+  and :func:`init_cpu_distributed`).
+"""
+import copy
+import datetime
+import importlib
+import os
+import subprocess
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as torch_dist
+from mmengine.config import Config, ConfigDict
+
+TOOLBOXES = ('mmseg', 'mmdet', 'mmpretrain')
+SYNC_BN_TYPES = ('SyncBN', 'MMSyncBN', 'TorchSyncBN')
+
+
+# --------------------------------------------------------------------------- scope
+def get_scope(cfg: Config) -> str:
+    """The config's ``default_scope``; raises ValueError if missing or not a toolbox."""
+    scope = cfg.get('default_scope')
+    if scope is None:
+        raise ValueError(
+            "the config sets no default_scope; add default_scope='mmseg' (or 'mmdet', "
+            "'mmpretrain') so the tools know which toolbox's modules to use")
+    if scope not in TOOLBOXES:
+        raise ValueError(f'default_scope must be one of {TOOLBOXES}, got {scope!r}')
+    return scope
+
+
+def register_toolbox_modules(cfg: Config) -> str:
+    """Register every module of the toolbox named by ``cfg.default_scope`` (as the
+    toolboxes' own tools do) plus paca_mm's; returns the scope."""
+    scope = get_scope(cfg)
+    import paca_mm  # noqa: F401  (registers PaCaViT & co. into all toolboxes)
+    try:
+        utils = importlib.import_module(f'{scope}.utils')
+    except ImportError as e:
+        raise ImportError(f'default_scope={scope!r} but {scope} cannot be imported: {e}') from e
+    utils.register_all_modules(init_default_scope=False)
+    return scope
+
+
+# --------------------------------------------------------------------- checkpoints
+def _numpy_globals() -> List[Any]:
+    """numpy classes/functions needed to unpickle arrays, dtypes and scalars."""
+    try:  # numpy >= 2 moved the private module
+        from numpy._core import multiarray
+    except ImportError:  # numpy 1.x
+        from numpy.core import multiarray
+    kinds = (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
+             np.uint64, np.float16, np.float32, np.float64)
+    dtype_classes = {type(np.dtype(k)) for k in kinds}  # e.g. numpy.dtypes.Float64DType
+    # ``numpy.dtype`` itself stays out of the object-dtype door: an object-dtype
+    # instance can only be completed (BUILD) if its class is allow-listed, which it is not.
+    return [multiarray._reconstruct, multiarray.scalar, np.ndarray, np.dtype,
+            *sorted(dtype_classes, key=lambda c: c.__name__)]
+
+
+def mmengine_checkpoint_globals() -> List[Any]:
+    """The non-tensor globals an mmengine Runner checkpoint contains.
+
+    ``meta.message_hub`` holds :class:`mmengine.logging.HistoryBuffer` objects (numpy
+    arrays of logged scalars) and runtime info such as ``best_score`` (a numpy scalar);
+    everything else is dicts/lists/strings/numbers and tensors.
+    """
+    from mmengine.logging import HistoryBuffer
+    return [HistoryBuffer, *_numpy_globals()]
+
+
+def allow_mmengine_checkpoint_globals(extra: Sequence[Any] = ()) -> List[Any]:
+    """Let weights-only ``torch.load`` (default since torch 2.6) read Runner checkpoints.
+
+    Why an allow-list: mmengine calls ``torch.load(path, map_location=...)`` without
+    ``weights_only``, so with torch >= 2.6 resuming, ``load_from`` and ``tools/test.py``
+    fail with ``UnpicklingError: Weights only load failed`` on the HistoryBuffer and
+    numpy objects of the message hub. Adding exactly those classes to torch's
+    safe-globals keeps the weights-only protection (no arbitrary code runs while
+    unpickling; a checkpoint with any other class is still rejected), instead of the
+    blanket ``weights_only=False`` fallback. The allow-list is process-wide, which is the
+    scope of one tool run; ``extra`` adds globals a custom hook may store.
+
+    Returns the globals added ([] when torch has no weights-only loading).
+    """
+    serialization = torch.serialization
+    if not hasattr(serialization, 'add_safe_globals'):  # torch < 2.4: nothing to do
+        return []
+    allowed = mmengine_checkpoint_globals() + list(extra)
+    serialization.add_safe_globals(allowed)
+    return allowed
+
+
+WEIGHTS_ONLY_HINT = (
+    'The checkpoint holds Python objects outside the allow-list of '
+    'paca_mm.utils.allow_mmengine_checkpoint_globals (torch >= 2.6 loads weights-only). '
+    'If you trust the file, allow the class named above with '
+    'torch.serialization.add_safe_globals([...]) in a module listed in the config\'s '
+    'custom_imports.')
+
+
+# ------------------------------------------------------------------ device adaptation
+def _replace_sync_bn(node: Any, path: str, changed: List[str]) -> Any:
+    """Recursively rewrite norm configs of type SyncBN/MMSyncBN to BN (in place)."""
+    if isinstance(node, dict):
+        if node.get('type') in SYNC_BN_TYPES:
+            changed.append(f"{path or 'model'}: {node['type']} -> BN")
+            node['type'] = 'BN'
+        for key, value in node.items():
+            _replace_sync_bn(value, f'{path}.{key}' if path else str(key), changed)
+    elif isinstance(node, (list, tuple)):
+        for i, value in enumerate(node):
+            _replace_sync_bn(value, f'{path}[{i}]', changed)
+    return node
+
+
+def adapt_cfg_to_device(cfg: Config, cuda: Optional[bool] = None) -> List[str]:
+    """Make a (GPU) config runnable on a machine without CUDA; returns log notes.
+
+    Does nothing when CUDA is available. Otherwise (in place):
+
+    * every ``norm_cfg``-style dict of type SyncBN/MMSyncBN in ``cfg.model`` (and
+      ``cfg.tta_model``) becomes BN, and ``cfg.sync_bn`` is dropped: SyncBN has no CPU
+      kernel and DDP refuses it on CPU modules;
+    * distributed runs (``cfg.launcher != 'none'``) use gloo (``env_cfg.dist_cfg``) and
+      ``CPUDistributedDataParallel`` (DDP without ``device_ids``, reverting any SyncBN a
+      model builds in code);
+    * ``AmpOptimWrapper`` (CUDA only in mmengine) becomes ``CPUAmpOptimWrapper``: bf16
+      autocast without loss scaling (CPU autocast is bf16 only in mmengine).
+    """
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    if cuda:
+        return []
+    notes = []
+    changed: List[str] = []
+    for key in ('model', 'tta_model'):
+        if cfg.get(key) is not None:
+            _replace_sync_bn(cfg[key], key, changed)
+    if cfg.get('sync_bn') is not None:
+        changed.append(f'sync_bn={cfg.sync_bn!r} removed')
+        cfg.pop('sync_bn')
+    if changed:
+        notes.append('CUDA is not available: SyncBN reverted to BN (' + '; '.join(changed) + ')')
+
+    if cfg.get('launcher', 'none') != 'none':
+        env_cfg = cfg.setdefault('env_cfg', ConfigDict())
+        dist_cfg = env_cfg.setdefault('dist_cfg', ConfigDict())
+        if dist_cfg.get('backend', 'nccl') != 'gloo':
+            notes.append(f"CUDA is not available: distributed backend "
+                         f"{dist_cfg.get('backend', 'nccl')!r} -> 'gloo'")
+            dist_cfg['backend'] = 'gloo'
+        wrapper = cfg.get('model_wrapper_cfg')
+        if wrapper is None:
+            cfg.model_wrapper_cfg = dict(
+                type='CPUDistributedDataParallel', broadcast_buffers=False,
+                find_unused_parameters=cfg.get('find_unused_parameters', False))
+            notes.append('CUDA is not available: model wrapped in CPUDistributedDataParallel')
+        elif wrapper.get('type', 'MMDistributedDataParallel') == 'MMDistributedDataParallel':
+            wrapper['type'] = 'CPUDistributedDataParallel'
+            notes.append('CUDA is not available: MMDistributedDataParallel -> '
+                         'CPUDistributedDataParallel')
+
+    optim = cfg.get('optim_wrapper')
+    if isinstance(optim, dict) and optim.get('type') == 'AmpOptimWrapper':
+        optim['type'] = 'CPUAmpOptimWrapper'
+        dtype = optim.get('dtype')
+        if dtype not in (None, 'bfloat16', torch.bfloat16):
+            notes.append(f'CUDA is not available: AMP dtype {dtype!r} -> bfloat16')
+        optim['dtype'] = 'bfloat16'
+        notes.append('CUDA is not available: AmpOptimWrapper -> CPUAmpOptimWrapper '
+                     '(bfloat16 autocast on CPU, no loss scaling)')
+    return notes
+
+
+# ---------------------------------------------------------------------- distributed
+def _env_int(name: str) -> int:
+    try:
+        return int(os.environ[name])
+    except KeyError:
+        raise KeyError(f'environment variable {name} is not set; launch with torchrun '
+                       '(tools/dist_train.sh), srun or mpirun, or use --launcher none') from None
+
+
+def init_cpu_distributed(launcher: str, dist_cfg: Optional[Dict] = None) -> bool:
+    """Create the gloo process group for a distributed run on a machine without CUDA.
+
+    mmengine's ``init_dist`` calls ``torch.cuda.set_device`` unconditionally, so on CPU
+    the process group is created here from the launcher's environment (torchrun:
+    RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT; Slurm: SLURM_PROCID/NTASKS/
+    NODELIST/LOCALID; MPI: OMPI_COMM_WORLD_*), exporting the torchrun variables the
+    Runner reads. The Runner then finds the group initialised and keeps it.
+
+    Returns True if a group was created here (False with CUDA, launcher 'none', or a
+    group that already exists).
+    """
+    if launcher == 'none' or torch.cuda.is_available() or torch_dist.is_initialized():
+        return False
+    dist_cfg = dict(dist_cfg or {})
+    if launcher == 'pytorch':
+        rank, world_size = _env_int('RANK'), _env_int('WORLD_SIZE')
+        local_rank = int(os.environ.get('LOCAL_RANK', 0))
+    elif launcher == 'slurm':
+        rank, world_size = _env_int('SLURM_PROCID'), _env_int('SLURM_NTASKS')
+        local_rank = int(os.environ.get('SLURM_LOCALID', 0))
+        if 'MASTER_ADDR' not in os.environ:
+            node_list = os.environ['SLURM_NODELIST']
+            os.environ['MASTER_ADDR'] = subprocess.getoutput(
+                f'scontrol show hostname {node_list} | head -n1')
+        port = dist_cfg.pop('port', None)
+        if port is not None:
+            os.environ['MASTER_PORT'] = str(port)
+        os.environ.setdefault('MASTER_PORT', '29500')
+    elif launcher == 'mpi':
+        rank, world_size = _env_int('OMPI_COMM_WORLD_RANK'), _env_int('OMPI_COMM_WORLD_SIZE')
+        local_rank = int(os.environ.get('OMPI_COMM_WORLD_LOCAL_RANK', 0))
+        if 'MASTER_ADDR' not in os.environ:
+            raise KeyError('environment variable MASTER_ADDR is not set (needed by --launcher mpi)')
+        os.environ.setdefault('MASTER_PORT', '29500')
+    else:
+        raise ValueError(f"launcher must be 'none', 'pytorch', 'slurm' or 'mpi', got {launcher!r}")
+    for key in ('MASTER_ADDR', 'MASTER_PORT'):
+        if key not in os.environ:
+            raise KeyError(f'environment variable {key} is not set; launch with torchrun '
+                           '(tools/dist_train.sh) or set it')
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank))
+    kwargs = {}
+    if dist_cfg.get('timeout') is not None:
+        kwargs['timeout'] = datetime.timedelta(seconds=dist_cfg['timeout'])
+    torch_dist.init_process_group(backend='gloo', init_method='env://', rank=rank,
+                                  world_size=world_size, **kwargs)
+    return True
+
+
+# ------------------------------------------------------------------------ runner
+def build_runner(cfg: Config):
+    """Register the scope's modules, adapt ``cfg`` to the device, initialise CPU
+    distributed if needed and build the Runner (``cfg.runner_type`` is honoured)."""
+    scope = register_toolbox_modules(cfg)
+    allow_mmengine_checkpoint_globals()
+    notes = adapt_cfg_to_device(cfg)
+    launcher = cfg.get('launcher', 'none')
+    if init_cpu_distributed(launcher, cfg.get('env_cfg', {}).get('dist_cfg')):
+        notes.append(f'rank {torch_dist.get_rank()}/{torch_dist.get_world_size()}: '
+                     f'gloo process group initialised (launcher={launcher})')
+    if 'runner_type' not in cfg:
+        from mmengine.runner import Runner
+        runner = Runner.from_cfg(cfg)
+    else:
+        runners = importlib.import_module(f'{scope}.registry').RUNNERS
+        runner = runners.build(cfg)
+    for note in notes:
+        runner.logger.info(note)
+    if torch_dist.is_initialized():
+        # one line per rank on stdout (the logger prints rank 0 only)
+        print(f'[paca_mm] rank {torch_dist.get_rank()}/{torch_dist.get_world_size()} '
+              f'ready (backend {torch_dist.get_backend()})', flush=True)
+    return runner
+
+
+def run_with_checkpoint_hint(fn, *args, **kwargs):
+    """Call ``fn``; re-raise a weights-only unpickling failure with a hint on the fix."""
+    import pickle
+    try:
+        return fn(*args, **kwargs)
+    except pickle.UnpicklingError as e:
+        raise pickle.UnpicklingError(f'{e}\n\n[paca_mm] {WEIGHTS_ONLY_HINT}') from e
+
+
+# ------------------------------------------------------------------- CLI semantics
+def set_work_dir(cfg: Config, work_dir: Optional[str], config_path: str) -> None:
+    """CLI ``--work-dir`` > ``work_dir`` in the file > ``./work_dirs/<config name>``."""
+    if work_dir is not None:
+        cfg.work_dir = work_dir
+    elif cfg.get('work_dir') is None:
+        cfg.work_dir = os.path.join('./work_dirs',
+                                    os.path.splitext(os.path.basename(config_path))[0])
+
+
+def apply_train_args(cfg: Config, amp: bool = False, auto_scale_lr: bool = False,
+                     resume: Optional[str] = None) -> List[str]:
+    """``--amp``, ``--auto-scale-lr`` and ``--resume [CKPT]`` as in mmdet/mmpretrain (and
+    mmseg, whose bare ``--resume`` equals ``--resume auto``); returns log notes."""
+    notes = []
+    if amp:
+        optim = cfg.get('optim_wrapper')
+        if optim is None:
+            raise ValueError('--amp needs an optim_wrapper in the config')
+        kind = optim.get('type', 'OptimWrapper')
+        if kind in ('AmpOptimWrapper', 'CPUAmpOptimWrapper'):
+            notes.append('AMP training is already enabled in the config.')
+        elif kind != 'OptimWrapper':
+            raise ValueError('--amp is only supported when the optimizer wrapper type is '
+                             f'OptimWrapper, got {kind!r}')
+        else:
+            optim.type = 'AmpOptimWrapper'
+            optim.setdefault('loss_scale', 'dynamic')
+    if auto_scale_lr:
+        asl = cfg.get('auto_scale_lr')
+        if not asl or 'base_batch_size' not in asl:
+            raise ValueError('--auto-scale-lr needs auto_scale_lr=dict(enable=False, '
+                             'base_batch_size=...) in the config')
+        asl.enable = True
+    if resume == 'auto':
+        cfg.resume = True
+        cfg.load_from = None
+    elif resume is not None:
+        cfg.resume = True
+        cfg.load_from = resume
+    return notes
+
+
+def _as_list(evaluator: Any) -> list:
+    if evaluator is None:
+        return []
+    if isinstance(evaluator, dict) and 'metrics' in evaluator:  # Evaluator config
+        return list(evaluator['metrics'])
+    return list(evaluator) if isinstance(evaluator, (list, tuple)) else [evaluator]
+
+
+def trigger_visualization(cfg: Config, scope: str, show: bool = False,
+                          show_dir: Optional[str] = None, wait_time: float = 2.,
+                          interval: int = 1) -> None:
+    """Turn on the config's visualization hook the way each toolbox's test.py does."""
+    hooks = cfg.get('default_hooks', {})
+    if 'visualization' not in hooks:
+        raise ValueError('--show/--show-dir need a `visualization` entry in default_hooks '
+                         '(e.g. SegVisualizationHook, DetVisualizationHook, VisualizationHook)')
+    hook = hooks['visualization']
+    if scope == 'mmpretrain':
+        hook['enable'] = True
+        hook['interval'] = interval
+        if show_dir:
+            hook['out_dir'] = show_dir
+    else:
+        hook['draw'] = True
+        if show_dir and scope == 'mmseg':
+            cfg.visualizer['save_dir'] = show_dir
+        elif show_dir:  # mmdet: relative to work_dir/timestamp
+            hook['test_out_dir'] = show_dir
+    if show:
+        hook['show'] = True
+        hook['wait_time'] = wait_time
+
+
+def _default_flip_tta_pipeline(test_pipeline: list) -> list:
+    """test pipeline with its last (packing) step replaced by a flip/no-flip TestTimeAug."""
+    tta = copy.deepcopy(list(test_pipeline))
+    flips = [dict(type='RandomFlip', prob=1.), dict(type='RandomFlip', prob=0.)]
+    tta[-1] = dict(type='TestTimeAug', transforms=[flips, [test_pipeline[-1]]])
+    return tta
+
+
+def apply_tta(cfg: Config, scope: str) -> None:
+    """``--tta``: wrap ``cfg.model`` in ``cfg.tta_model`` and test with ``cfg.tta_pipeline``.
+
+    mmseg requires both in the config (as its test.py); mmdet and mmpretrain fall back to
+    their default TTA models with a flip pipeline, as their test.py do.
+    """
+    test_dataset = cfg.test_dataloader.dataset
+    if scope == 'mmseg':
+        missing = [k for k in ('tta_model', 'tta_pipeline') if k not in cfg]
+        if missing:
+            raise ValueError(f'--tta needs {missing} in the config (mmseg has no default)')
+    elif scope == 'mmdet':
+        cfg.setdefault('tta_model', dict(
+            type='mmdet.DetTTAModel',
+            tta_cfg=dict(nms=dict(type='nms', iou_threshold=0.5), max_per_img=100)))
+        while 'dataset' in test_dataset:
+            test_dataset = test_dataset['dataset']
+        if 'tta_pipeline' not in cfg:
+            cfg.tta_pipeline = _default_flip_tta_pipeline(test_dataset.pipeline)
+        if 'batch_shapes_cfg' in test_dataset:
+            test_dataset.batch_shapes_cfg = None
+    else:  # mmpretrain
+        cfg.setdefault('tta_model', dict(type='mmpretrain.AverageClsScoreTTA'))
+        if 'tta_pipeline' not in cfg:
+            cfg.tta_pipeline = _default_flip_tta_pipeline(test_dataset.pipeline)
+    test_dataset.pipeline = cfg.tta_pipeline
+    cfg.model = ConfigDict(**cfg.tta_model, module=cfg.model)
+
+
+def apply_test_args(cfg: Config, scope: str, checkpoint: str, out: Optional[str] = None,
+                    show: bool = False, show_dir: Optional[str] = None, wait_time: float = 2.,
+                    tta: bool = False, interval: int = 1) -> None:
+    """The ``tools/test.py`` options with each toolbox's semantics:
+
+    * ``--out``: mmseg -> directory of prediction maps for offline evaluation
+      (``test_evaluator.output_dir``, ``keep_results``); mmdet -> ``.pkl`` of the
+      predictions (DumpDetResults); mmpretrain -> ``.pkl`` of the predictions (DumpResults).
+    * ``--show``/``--show-dir``: the config's visualization hook draws (see
+      :func:`trigger_visualization`). ``--tta``: see :func:`apply_tta`.
+    """
+    cfg.load_from = checkpoint
+    if show or show_dir:
+        trigger_visualization(cfg, scope, show, show_dir, wait_time, interval)
+    if tta:
+        apply_tta(cfg, scope)
+    if out is None:
+        return
+    if scope == 'mmseg':
+        if cfg.get('test_evaluator') is None:
+            raise ValueError('--out needs a test_evaluator (IoUMetric) in the config')
+        for metric in _as_list(cfg.test_evaluator):
+            metric['output_dir'] = out
+            metric['keep_results'] = True
+        return
+    if not out.endswith(('.pkl', '.pickle')):
+        raise ValueError(f'--out must be a .pkl/.pickle file for {scope}, got {out!r}')
+    dump = dict(type='mmdet.DumpDetResults' if scope == 'mmdet' else 'DumpResults',
+                out_file_path=out)
+    cfg.test_evaluator = _as_list(cfg.get('test_evaluator')) + [dump]

@@ -1,0 +1,270 @@
+"""The PaCa forward explainer (paper Sec. 3.3, Figs. 6 and 9-10).
+
+A PaCa stage assigns its N = H_i x W_i patches to M clusters; the pre-softmax assignment
+logits (B, M, H_i, W_i) are kept by ``PaCaViT`` when ``record_clusters = True``. Here:
+
+* :func:`stage_cluster_logits` - one forward pass, the logits of one stage (1-based index);
+* :func:`cluster_heatmaps` - sigmoid of the logits, the M heatmaps ``H^m`` of the paper;
+* :func:`cluster_masks` - Eqn. 7, ``H^m > mean(H^m)`` per cluster, nearest-upsampled to the
+  image size;
+* :func:`analyze_cluster_groups` - Eqn. 8 and the positive/negative split: every masked image
+  ``I * M^m`` is re-classified; clusters whose masked image still predicts the label form the
+  positive group, the others the negative group, each ranked by the probability of the label.
+
+Images are handled as raw pixels, (3, H, W) BGR in [0, 255] as the toolboxes' packers
+produce them; masking is applied to the raw pixels (masked-out pixels are black) and the
+model's own ``data_preprocessor`` mean/std/channel order is applied afterwards.
+"""
+import contextlib
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def find_backbone(model: nn.Module) -> nn.Module:
+    """The PaCaViT backbone of a classifier/detector/segmentor (or the backbone itself).
+
+    Unwraps DDP-style ``.module`` wrappers. Raises TypeError when the backbone cannot record
+    clusters (not a PaCaViT).
+    """
+    while hasattr(model, 'module') and isinstance(model.module, nn.Module) and \
+            not hasattr(model, 'record_clusters'):
+        model = model.module
+    backbone = model if hasattr(model, 'record_clusters') else getattr(model, 'backbone', None)
+    if backbone is None or not hasattr(backbone, 'record_clusters'):
+        name = type(getattr(model, 'backbone', model)).__name__
+        raise TypeError(f'the cluster explainer needs a PaCaViT backbone (model.backbone with '
+                        f'record_clusters), got {name}')
+    return backbone
+
+
+@contextlib.contextmanager
+def recording(backbone: nn.Module):
+    """Context: ``backbone.record_clusters = True``, restored afterwards."""
+    old_record = backbone.record_clusters
+    backbone.record_clusters = True
+    try:
+        yield backbone
+    finally:
+        backbone.record_clusters = old_record
+
+
+def check_stage(backbone: nn.Module, stage: int) -> int:
+    """Validate a 1-based stage index; returns the 0-based one."""
+    num_stages = len(backbone.num_clusters)
+    with_clusters = [i + 1 for i, m in enumerate(backbone.num_clusters) if m > 0]
+    if not isinstance(stage, int) or not 1 <= stage <= num_stages:
+        raise ValueError(f'stage is 1-based and must be in 1..{num_stages}, got {stage!r}')
+    if backbone.num_clusters[stage - 1] == 0:
+        raise ValueError(f'stage {stage} has no clusters (M=0, plain attention); stages with '
+                         f'clusters: {with_clusters}')
+    return stage - 1
+
+
+def _data_preprocessor(model: nn.Module):
+    while hasattr(model, 'module') and not hasattr(model, 'data_preprocessor'):
+        model = model.module
+    return getattr(model, 'data_preprocessor', None)
+
+
+def normalize_inputs(model: nn.Module, raw: torch.Tensor) -> torch.Tensor:
+    """Apply the model's data_preprocessor channel order and mean/std to raw pixels.
+
+    Args:
+        raw: (B, 3, H, W) float, BGR in [0, 255] (as LoadImageFromFile + Pack* produce).
+    Returns (B, 3, H, W) normalised float input for ``model.backbone`` / ``model(...)``.
+    No padding is applied (PaCaViT accepts any size).
+    """
+    if raw.dim() != 4:
+        raise ValueError(f'expected (B, 3, H, W) raw images, got shape {tuple(raw.shape)}')
+    dp = _data_preprocessor(model)
+    x = raw.float()
+    if dp is None:
+        return x
+    convert = any(bool(getattr(dp, a, False))
+                  for a in ('_channel_conversion', 'channel_conversion', 'to_rgb'))
+    if convert and x.shape[1] == 3:
+        x = x[:, [2, 1, 0]]
+    mean, std = getattr(dp, 'mean', None), getattr(dp, 'std', None)
+    if getattr(dp, '_enable_normalize', mean is not None) and mean is not None:
+        x = (x - mean.to(x).view(1, -1, 1, 1)) / std.to(x).view(1, -1, 1, 1)
+    return x
+
+
+def _device(model: nn.Module) -> torch.device:
+    p = next(iter(model.parameters()), None)
+    return p.device if p is not None else torch.device('cpu')
+
+
+@torch.no_grad()
+def stage_cluster_logits(model: nn.Module, raw: torch.Tensor, stage: int = 3) -> torch.Tensor:
+    """Pre-softmax cluster assignment logits of one stage, from one backbone forward pass.
+
+    Args:
+        model: a classifier/detector/segmentor with a PaCaViT ``backbone`` (or the backbone).
+        raw: (3, H, W) or (B, 3, H, W) raw BGR pixels in [0, 255].
+        stage: 1-based stage index.
+    Returns (B, M, H_s, W_s) float32 logits.
+    """
+    backbone = find_backbone(model)
+    s = check_stage(backbone, stage)
+    raw = raw[None] if raw.dim() == 3 else raw
+    x = normalize_inputs(model, raw.to(_device(backbone)))
+    was_training = backbone.training
+    backbone.eval()
+    try:
+        with recording(backbone):
+            backbone(x)
+            logits = backbone.cluster_logits[s]
+    finally:
+        backbone.train(was_training)
+    return logits.float()
+
+
+def cluster_heatmaps(logits: torch.Tensor) -> torch.Tensor:
+    """Sigmoid heatmaps ``H^m`` of (B, M, h, w) or (M, h, w) logits (same shape, in (0, 1))."""
+    return torch.sigmoid(logits.float())
+
+
+def cluster_masks(logits: torch.Tensor, size=None) -> torch.Tensor:
+    """Eqn. 7: binary masks ``sigmoid(logits) > mean`` per cluster, optionally upsampled.
+
+    Args:
+        logits: (B, M, h, w) or (M, h, w) pre-softmax assignment logits.
+        size: (H, W) to upsample to with nearest interpolation (the image size), or None.
+    Returns a bool tensor (..., M, H, W).
+    """
+    squeeze = logits.dim() == 3
+    heat = cluster_heatmaps(logits[None] if squeeze else logits)
+    if heat.dim() != 4:
+        raise ValueError(f'expected (B, M, h, w) or (M, h, w) logits, got {tuple(logits.shape)}')
+    masks = heat > heat.mean(dim=(2, 3), keepdim=True)
+    if size is not None:
+        masks = F.interpolate(masks.float(), size=tuple(size), mode='nearest') > 0.5
+    return masks[0] if squeeze else masks
+
+
+def is_classifier(model: nn.Module) -> bool:
+    """True for an mmpretrain-style classifier (``head`` + ``forward(x, mode='tensor')``
+    returning logits)."""
+    while hasattr(model, 'module') and not hasattr(model, 'backbone'):
+        model = model.module
+    try:
+        from mmpretrain.models import ImageClassifier
+        if isinstance(model, ImageClassifier):
+            return True
+    except ImportError:  # pragma: no cover
+        pass
+    return hasattr(model, 'head') and hasattr(model, 'extract_feat') and \
+        type(model).__name__.endswith('Classifier')
+
+
+@torch.no_grad()
+def classify(model: nn.Module, raw: torch.Tensor, batch_size: int = 16) -> torch.Tensor:
+    """(B, 3, H, W) raw BGR pixels -> (B, K) class probabilities (softmax of the logits)."""
+    if not is_classifier(model):
+        raise TypeError(f'{type(model).__name__} is not an image classifier; the group '
+                        'analysis needs class predictions (the heatmaps work for any model)')
+    device = _device(model)
+    out = []
+    for i in range(0, raw.shape[0], batch_size):
+        x = normalize_inputs(model, raw[i:i + batch_size].to(device))
+        logits = model(x, mode='tensor')
+        if isinstance(logits, (tuple, list)):
+            logits = logits[-1]
+        out.append(torch.softmax(logits.float(), dim=-1).cpu())
+    return torch.cat(out)
+
+
+@dataclass
+class ClusterGroups:
+    """Result of :func:`analyze_cluster_groups` (one image, one stage).
+
+    Attributes:
+        stage: 1-based stage. label: the class used as ground truth. label_given: whether it
+        was given (else it is the unmasked prediction). base_prob / base_pred: P(label) and
+        the predicted class of the unmasked image. probs (M,): P(label) for each masked image.
+        preds (M,): predicted class of each masked image. positive / negative: cluster indices
+        with preds == label / != label, each sorted by probs (descending). logits (M, h, w):
+        pre-softmax assignment. masks (M, H, W) bool: the upsampled Eqn. 7 masks.
+    """
+    stage: int
+    label: int
+    label_given: bool
+    base_prob: float
+    base_pred: int
+    probs: torch.Tensor
+    preds: torch.Tensor
+    positive: List[int]
+    negative: List[int]
+    logits: torch.Tensor
+    masks: torch.Tensor
+    class_names: Optional[List[str]] = field(default=None)
+
+    def summary(self) -> dict:
+        """JSON-serialisable numbers."""
+        def name(c):
+            return self.class_names[c] if self.class_names and c < len(self.class_names) \
+                else str(c)
+        return dict(
+            stage=self.stage, label=self.label, label_name=name(self.label),
+            label_given=self.label_given, base_prob=self.base_prob, base_pred=self.base_pred,
+            num_clusters=int(self.probs.numel()),
+            positive=[dict(cluster=m, prob=float(self.probs[m]), pred=int(self.preds[m]),
+                           mask_fraction=float(self.masks[m].float().mean()))
+                      for m in self.positive],
+            negative=[dict(cluster=m, prob=float(self.probs[m]), pred=int(self.preds[m]),
+                           pred_name=name(int(self.preds[m])),
+                           mask_fraction=float(self.masks[m].float().mean()))
+                      for m in self.negative])
+
+
+@torch.no_grad()
+def analyze_cluster_groups(model: nn.Module, raw: torch.Tensor, stage: int = 3,
+                           label: Optional[int] = None, batch_size: int = 16,
+                           class_names: Optional[List[str]] = None) -> ClusterGroups:
+    """Paper Sec. 3.3 on one image with a classifier.
+
+    Args:
+        model: mmpretrain ImageClassifier with a PaCaViT backbone (eval mode is used).
+        raw: (3, H, W) raw BGR pixels in [0, 255] at the network input size.
+        stage: 1-based stage whose clusters are analysed (the paper uses 3).
+        label: ground-truth class; None uses the unmasked prediction.
+        batch_size: masked images classified per forward pass.
+    """
+    if raw.dim() != 3 or raw.shape[0] != 3:
+        raise ValueError(f'expected one (3, H, W) raw image, got shape {tuple(raw.shape)}')
+    backbone = find_backbone(model)
+    s = check_stage(backbone, stage)
+    was_training = model.training
+    model.eval()
+    try:
+        raw = raw.float().cpu()
+        # one pass gives both the prediction and the assignment
+        with recording(backbone):
+            base = classify(model, raw[None])[0]
+            logits = backbone.cluster_logits[s][0].float().cpu()
+        num_classes = base.numel()
+        if label is not None and not 0 <= int(label) < num_classes:
+            raise ValueError(f'label {label} out of range for {num_classes} classes')
+        gt = int(base.argmax()) if label is None else int(label)
+        masks = cluster_masks(logits, size=raw.shape[-2:])  # (M, H, W)
+        probs, preds = [], []
+        for i in range(0, masks.shape[0], batch_size):
+            masked = raw[None] * masks[i:i + batch_size, None].float()
+            p = classify(model, masked, batch_size)
+            probs.append(p[:, gt])
+            preds.append(p.argmax(-1))
+    finally:
+        model.train(was_training)
+    probs, preds = torch.cat(probs), torch.cat(preds)
+    order = torch.argsort(probs, descending=True).tolist()
+    positive = [m for m in order if int(preds[m]) == gt]
+    negative = [m for m in order if int(preds[m]) != gt]
+    return ClusterGroups(stage=stage, label=gt, label_given=label is not None,
+                         base_prob=float(base[gt]), base_pred=int(base.argmax()), probs=probs,
+                         preds=preds, positive=positive, negative=negative, logits=logits,
+                         masks=masks, class_names=class_names)

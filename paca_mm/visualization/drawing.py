@@ -1,0 +1,168 @@
+"""Rendering of cluster heatmaps and of the positive/negative group figure (numpy + cv2).
+
+All images here are (H, W, 3) uint8 **BGR** numpy arrays (cv2 convention); use
+``img[..., ::-1]`` for RGB consumers (mmengine visualizer backends).
+"""
+import os
+import os.path as osp
+from typing import List, Optional, Sequence
+
+import numpy as np
+import torch
+
+_FONT = 0  # cv2.FONT_HERSHEY_SIMPLEX
+
+
+def to_bgr_image(raw) -> np.ndarray:
+    """(3, H, W) tensor/array of BGR pixels in [0, 255] -> (H, W, 3) uint8 BGR."""
+    if torch.is_tensor(raw):
+        raw = raw.detach().float().cpu().numpy()
+    raw = np.asarray(raw)
+    if raw.ndim != 3 or raw.shape[0] not in (1, 3):
+        raise ValueError(f'expected a (3, H, W) image, got shape {raw.shape}')
+    img = np.clip(raw, 0, 255).astype(np.uint8).transpose(1, 2, 0)
+    return np.ascontiguousarray(np.repeat(img, 3, axis=2) if img.shape[2] == 1 else img)
+
+
+def normalize_map(heat: np.ndarray) -> np.ndarray:
+    """Min-max normalise one (h, w) map to [0, 1] (a constant map gives zeros)."""
+    heat = np.asarray(heat, dtype=np.float32)
+    lo, hi = float(heat.min()), float(heat.max())
+    return (heat - lo) / (hi - lo) if hi > lo else np.zeros_like(heat)
+
+
+def colorize(heat: np.ndarray, size) -> np.ndarray:
+    """(h, w) map in [0, 1] -> (H, W, 3) uint8 BGR JET colours, bilinearly resized."""
+    import cv2
+    heat = cv2.resize(np.asarray(heat, np.float32), (int(size[1]), int(size[0])),
+                      interpolation=cv2.INTER_LINEAR)
+    return cv2.applyColorMap(np.clip(heat * 255, 0, 255).astype(np.uint8), cv2.COLORMAP_JET)
+
+
+def overlay_heatmap(image: np.ndarray, heat: np.ndarray, alpha: float = 0.5,
+                    normalize: bool = True) -> np.ndarray:
+    """Blend a (h, w) heatmap (resized to the image) over a (H, W, 3) uint8 BGR image."""
+    import cv2
+    heat = normalize_map(heat) if normalize else np.clip(heat, 0, 1)
+    colour = colorize(heat, image.shape[:2])
+    return cv2.addWeighted(image, 1 - alpha, colour, alpha, 0)
+
+
+def put_label(img: np.ndarray, text: str, scale: Optional[float] = None,
+              colour=(255, 255, 255), bg=(0, 0, 0)) -> np.ndarray:
+    """Write ``text`` on a filled bar at the top-left of ``img`` (in place; returned)."""
+    import cv2
+    scale = scale or max(0.3, min(img.shape[:2]) / 320)
+    thick = 1 if scale < 0.8 else 2
+    (tw, th), base = cv2.getTextSize(text, _FONT, scale, thick)
+    cv2.rectangle(img, (0, 0), (min(img.shape[1] - 1, tw + 4), th + base + 4), bg, -1)
+    cv2.putText(img, text, (2, th + 2), _FONT, scale, colour, thick, cv2.LINE_AA)
+    return img
+
+
+def resize_tile(img: np.ndarray, tile: int) -> np.ndarray:
+    """Resize keeping the aspect ratio so that the longer side is ``tile``; pad to square."""
+    import cv2
+    h, w = img.shape[:2]
+    s = tile / max(h, w)
+    nh, nw = max(1, round(h * s)), max(1, round(w * s))
+    out = np.full((tile, tile, 3), 255, np.uint8)
+    out[:nh, :nw] = cv2.resize(img, (nw, nh), interpolation=cv2.INTER_AREA if s < 1
+                               else cv2.INTER_NEAREST)
+    return out
+
+
+def make_grid(tiles: Sequence[np.ndarray], ncols: int, pad: int = 2,
+              bg: int = 255) -> np.ndarray:
+    """Arrange equally sized (t, t, 3) tiles row-major into a grid with ``pad`` pixels."""
+    if not tiles:
+        raise ValueError('make_grid needs at least one tile')
+    th, tw = tiles[0].shape[:2]
+    ncols = max(1, min(ncols, len(tiles)))
+    nrows = (len(tiles) + ncols - 1) // ncols
+    grid = np.full((nrows * (th + pad) + pad, ncols * (tw + pad) + pad, 3), bg, np.uint8)
+    for i, t in enumerate(tiles):
+        r, c = divmod(i, ncols)
+        y, x = pad + r * (th + pad), pad + c * (tw + pad)
+        grid[y:y + th, x:x + tw] = t
+    return grid
+
+
+def heatmap_grid(image: np.ndarray, heatmaps, tile: int = 128, ncols: Optional[int] = None,
+                 alpha: float = 0.5, normalize: bool = True) -> np.ndarray:
+    """The input image followed by one overlay per cluster, labelled ``#m``.
+
+    Args:
+        image: (H, W, 3) uint8 BGR. heatmaps: (M, h, w) sigmoid maps (tensor or array).
+        normalize: min-max normalise every map for display (the raw sigmoid values are
+            often in a narrow range).
+    """
+    heatmaps = heatmaps.detach().float().cpu().numpy() if torch.is_tensor(heatmaps) \
+        else np.asarray(heatmaps)
+    tiles = [put_label(resize_tile(image, tile), 'input')]
+    for m, heat in enumerate(heatmaps):
+        tiles.append(put_label(resize_tile(overlay_heatmap(image, heat, alpha, normalize),
+                                           tile), f'#{m}'))
+    ncols = ncols or int(np.ceil(np.sqrt(len(tiles))))
+    return make_grid(tiles, ncols)
+
+
+def _banner(text: str, width: int, height: int = 24) -> np.ndarray:
+    img = np.full((height, width, 3), 255, np.uint8)
+    return put_label(img, text, scale=height / 40, colour=(0, 0, 0), bg=(255, 255, 255))
+
+
+def _pad_width(img: np.ndarray, width: int) -> np.ndarray:
+    if img.shape[1] >= width:
+        return img
+    return np.pad(img, ((0, 0), (0, width - img.shape[1]), (0, 0)), constant_values=255)
+
+
+def _name(names: Optional[List[str]], c: int) -> str:
+    return names[c] if names and 0 <= c < len(names) else str(c)
+
+
+def group_figure(image: np.ndarray, groups, topk: int = 5, tile: int = 160) -> np.ndarray:
+    """Figure like paper Fig. 6/9: the input, then the top-k masked images of the positive
+    and of the negative group, each tile showing the cluster id and P(ground truth).
+
+    Args:
+        image: (H, W, 3) uint8 BGR (the network input the masks refer to).
+        groups: a :class:`~paca_mm.visualization.ClusterGroups`.
+    """
+    names = groups.class_names
+    ncols = max(1, topk)
+    width = ncols * (tile + 2) + 2
+    gt = _name(names, groups.label)
+    src = 'label' if groups.label_given else 'predicted'
+    head = put_label(resize_tile(image, tile), f'input p={groups.base_prob:.2f}')
+    rows = [_banner(f'stage {groups.stage}, {src} class {gt}; P(class) of the unmasked '
+                    f'image {groups.base_prob:.3f}', width),
+            _pad_width(make_grid([head], 1), width)]
+    img = image.astype(np.float32)
+    for title, members in (('positive', groups.positive), ('negative', groups.negative)):
+        rows.append(_banner(f'{title} group: {len(members)} of {groups.probs.numel()} '
+                            f'clusters (top {min(topk, len(members))})', width))
+        tiles = []
+        for m in members[:topk]:
+            mask = groups.masks[m].cpu().numpy().astype(np.float32)[..., None]
+            masked = (img * mask).astype(np.uint8)
+            text = f'#{m} p={float(groups.probs[m]):.2f}'
+            if title == 'negative':
+                text += f' ->{_name(names, int(groups.preds[m]))}'
+            tiles.append(put_label(resize_tile(masked, tile), text))
+        if not tiles:
+            tiles = [put_label(np.full((tile, tile, 3), 255, np.uint8), '(empty)',
+                               colour=(0, 0, 0), bg=(255, 255, 255))]
+        rows.append(_pad_width(make_grid(tiles, ncols), width))
+    return np.concatenate(rows, axis=0)
+
+
+def save_image(path: str, img: np.ndarray) -> str:
+    """Write a BGR uint8 image (PNG by extension); creates folders; returns the path."""
+    import cv2
+    folder = osp.dirname(osp.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    if not cv2.imwrite(path, img):
+        raise OSError(f'could not write image {path!r}')
+    return path

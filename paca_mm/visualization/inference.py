@@ -1,0 +1,184 @@
+"""Config -> model (+ checkpoint) and image -> network-input pixels, for the tools.
+
+Works for mmpretrain classifiers, mmdet detectors and mmseg segmentors: the toolbox is the
+config's ``default_scope``.
+"""
+import copy
+import os.path as osp
+from typing import Optional, Tuple, Union
+
+import numpy as np
+import torch
+import torch.nn as nn
+from mmengine.config import Config
+from mmengine.logging import print_log
+
+TOOLBOX_SCOPES = ('mmpretrain', 'mmdet', 'mmseg')
+
+
+def load_config(config: Union[str, Config], cfg_options: Optional[dict] = None) -> Config:
+    """Read a config (importing its ``custom_imports``; ``paca_mm`` always) and merge options."""
+    import paca_mm  # noqa: F401  (registers PaCaViT and friends)
+    cfg = Config.fromfile(config) if isinstance(config, str) else copy.deepcopy(config)
+    if cfg_options:
+        cfg.merge_from_dict(cfg_options)
+    return cfg
+
+
+def config_scope(cfg: Config) -> str:
+    """The config's toolbox scope ('mmpretrain' | 'mmdet' | 'mmseg')."""
+    scope = cfg.get('default_scope', None)
+    if scope not in TOOLBOX_SCOPES:
+        raise ValueError(f'config default_scope must be one of {TOOLBOX_SCOPES}, got {scope!r}')
+    return scope
+
+
+def _strip_pretrained(model_cfg):
+    """Drop backbone/model pretrained loading: the full checkpoint is loaded afterwards."""
+    if isinstance(model_cfg.get('backbone'), dict):
+        model_cfg['backbone']['init_cfg'] = None
+    if 'pretrained' in model_cfg:
+        model_cfg['pretrained'] = None
+    return model_cfg
+
+
+def _state_dict_of(ckpt: dict) -> dict:
+    sd = ckpt
+    for key in ('state_dict', 'model'):
+        if isinstance(sd, dict) and isinstance(sd.get(key), dict) and \
+                not any(torch.is_tensor(v) for v in sd.values()):
+            sd = sd[key]
+    return {k[len('module.'):] if k.startswith('module.') else k: v
+            for k, v in sd.items() if torch.is_tensor(v)}
+
+
+def load_model_weights(model: nn.Module, checkpoint: str, scope: str) -> dict:
+    """Load a full-model checkpoint (mmengine layout) or an official PaCa-ViT release.
+
+    Official ImageNet files (plain backbone keys + ``head.*``) are remapped with
+    :func:`paca_mm.checkpoint.convert_official_to_classifier` for classifiers; for detectors
+    and segmentors only their backbone part is loaded. Returns the checkpoint dict.
+    """
+    from mmengine.runner.checkpoint import load_state_dict
+
+    from ..checkpoint import (convert_official_to_classifier, load_backbone_checkpoint,
+                              load_checkpoint_file)
+    ckpt = load_checkpoint_file(checkpoint)
+    sd = _state_dict_of(ckpt)
+    official = not any(k.startswith('backbone.') for k in sd) and \
+        any(k.startswith('patch_embed.') for k in sd)
+    if official and scope != 'mmpretrain':
+        print_log(f'{checkpoint}: official backbone checkpoint; only the backbone is loaded, '
+                  'the rest of the model stays randomly initialised', logger='current',
+                  level=30)
+        load_backbone_checkpoint(model.backbone, ckpt, strict=True)
+        return ckpt if isinstance(ckpt, dict) else {}
+    if official:
+        sd = convert_official_to_classifier(sd)
+    missing = [k for k in model.state_dict() if k not in sd]
+    if len(missing) == len(model.state_dict()):
+        raise ValueError(f'checkpoint {checkpoint!r} shares no key with the model '
+                         f'{type(model).__name__}; first checkpoint keys: {list(sd)[:5]}')
+    load_state_dict(model, sd, strict=False, logger='current')
+    return ckpt if isinstance(ckpt, dict) else {}
+
+
+def _dataset_metainfo(cfg: Config) -> Optional[dict]:
+    """classes (and palette) of the config's test/val dataset, if they can be found."""
+    from mmengine.registry import DATASETS
+    for key in ('test_dataloader', 'val_dataloader', 'train_dataloader'):
+        ds = (cfg.get(key) or {}).get('dataset')
+        while isinstance(ds, dict) and 'dataset' in ds and 'type' in ds and \
+                'metainfo' not in ds:
+            ds = ds['dataset']
+        if not isinstance(ds, dict):
+            continue
+        if ds.get('metainfo'):
+            return dict(ds['metainfo'])
+        cls = DATASETS.get(ds.get('type')) if isinstance(ds.get('type'), str) else ds.get('type')
+        meta = getattr(cls, 'METAINFO', None)
+        if meta and meta.get('classes'):
+            return dict(meta)
+        if isinstance(ds.get('num_classes'), int) and ds.get('type') in (
+                'PaCaSyntheticCls', 'SyntheticClsDataset'):
+            from ..datasets.synthetic_cls import class_names
+            return dict(classes=class_names(ds['num_classes']))
+    return None
+
+
+def build_model(config: Union[str, Config], checkpoint: Optional[str] = None,
+                device: str = 'cpu', cfg_options: Optional[dict] = None) -> nn.Module:
+    """Build ``cfg.model`` in its toolbox scope, load ``checkpoint`` (or keep the random init
+    when it is None), move to ``device``, eval mode.
+
+    The returned model has ``.cfg`` (the Config) and ``.dataset_meta`` (classes, palette if
+    known: from the checkpoint meta, else from the config's dataset).
+    """
+    from mmengine.registry import MODELS, init_default_scope
+    cfg = load_config(config, cfg_options)
+    scope = config_scope(cfg)
+    init_default_scope(scope)
+    model_cfg = _strip_pretrained(copy.deepcopy(cfg.model))
+    if 'data_preprocessor' not in model_cfg and cfg.get('data_preprocessor'):
+        model_cfg['data_preprocessor'] = cfg.data_preprocessor  # merged by the Runner too
+    if scope == 'mmseg':
+        model_cfg['train_cfg'] = None
+    model = MODELS.build(model_cfg)
+    ckpt = {}
+    if checkpoint is not None:
+        ckpt = load_model_weights(model, checkpoint, scope)
+    else:
+        model.init_weights()
+    if scope in ('mmdet', 'mmseg'):
+        from mmengine.model import revert_sync_batchnorm
+        model = revert_sync_batchnorm(model)
+    meta = (ckpt.get('meta') or {}).get('dataset_meta') if isinstance(ckpt, dict) else None
+    model.dataset_meta = dict(meta) if meta else (_dataset_metainfo(cfg) or {})
+    model.cfg = cfg
+    return model.to(device).eval()
+
+
+def _test_pipeline(cfg: Config):
+    for key in ('test_dataloader', 'val_dataloader'):
+        ds = (cfg.get(key) or {}).get('dataset')
+        while isinstance(ds, dict) and 'pipeline' not in ds and 'dataset' in ds:
+            ds = ds['dataset']
+        if isinstance(ds, dict) and ds.get('pipeline'):
+            return ds['pipeline']
+    return cfg.get('test_pipeline')
+
+
+def load_image(cfg: Config, image: Union[str, np.ndarray],
+               size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
+    """Image file (or (H, W, 3) uint8 BGR array) -> (3, H, W) float raw BGR network input.
+
+    With ``size=None`` the config's test pipeline resizes/crops it (annotation loading and
+    packing are skipped); with ``size=(H, W)`` it is just resized. No normalisation (see
+    :func:`~paca_mm.visualization.normalize_inputs`).
+    """
+    import cv2
+    from mmengine.dataset import Compose
+    from mmengine.registry import init_default_scope
+    if isinstance(image, str):
+        if not osp.isfile(image):
+            raise FileNotFoundError(f'image not found: {image!r}')
+        img = cv2.imread(image, cv2.IMREAD_COLOR)
+        if img is None:
+            raise ValueError(f'cannot decode image {image!r}')
+    else:
+        img = np.asarray(image)
+        if img.ndim != 3 or img.shape[2] != 3:
+            raise ValueError(f'expected an (H, W, 3) BGR image, got shape {img.shape}')
+    if size is not None:
+        img = cv2.resize(img, (int(size[1]), int(size[0])), interpolation=cv2.INTER_LINEAR)
+    else:
+        pipeline = [t for t in (_test_pipeline(cfg) or [])
+                    if not str(t.get('type', '')).startswith(('Load', 'Pack')) and
+                    'Annotation' not in str(t.get('type', ''))]
+        if pipeline:
+            init_default_scope(config_scope(cfg))
+            results = Compose(pipeline)(dict(img=img, img_shape=img.shape[:2],
+                                             ori_shape=img.shape[:2], img_id=0,
+                                             img_path=image if isinstance(image, str) else ''))
+            img = results['img']
+    return torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1).float()
