@@ -78,11 +78,14 @@ def build_clustering(kind: str, dim: int, num_clusters: int, kernel_size: int = 
 
 
 def cluster_softmax(logits: torch.Tensor) -> torch.Tensor:
-    """Softmax of (B, M, N) clustering logits along N, always computed in float32.
+    """Softmax of (B, M, N) clustering logits along N, computed in float32 or better.
 
-    A long softmax in half precision loses mass, so the assignment stays float32 under AMP.
+    A long softmax in half precision loses mass, so under AMP (fp16/bf16 logits) the
+    assignment is computed and kept in float32; float64 stays float64.
     """
-    return torch.softmax(logits.float(), dim=-1)
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    return torch.softmax(logits, dim=-1)
 
 
 class PaCaAttention(nn.Module):

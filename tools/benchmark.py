@@ -1,0 +1,267 @@
+#!/usr/bin/env python
+"""Side-by-side backbone benchmark: PaCa-ViT vs mmdet's PVTv2 and Swin.
+
+For every model and input size, in one process and one run (interleaved, so machine noise
+hits all models alike): forward latency (median of repeated runs after warm-up),
+forward+backward latency, peak forward memory (inference; each measured in a fresh
+subprocess as the growth of max RSS on CPU, ``max_memory_allocated`` on CUDA), parameters
+and FLOPs (fvcore-style MACs, attention products counted). Prints a table with every figure
+as a ratio to PVTv2-B2 and writes CSV + Markdown (+ a PNG plot) to ``--out``.
+
+Example::
+
+    python tools/benchmark.py --models paca_small pvt_v2_b2 swin_t --sizes 800x1280 1024
+"""
+import argparse
+import csv
+import json
+import os
+import os.path as osp
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+MODELS = {
+    'paca_tiny': dict(type='PaCaViT', arch='tiny'),
+    'paca_small': dict(type='PaCaViT', arch='small'),
+    'paca_base': dict(type='PaCaViT', arch='base'),
+    # mmdet's PVTv2 (B1/B2 settings of the PVTv2 paper) and Swin-T.
+    'pvt_v2_b1': dict(type='PyramidVisionTransformerV2', embed_dims=64,
+                      num_layers=[2, 2, 2, 2]),
+    'pvt_v2_b2': dict(type='PyramidVisionTransformerV2', embed_dims=64,
+                      num_layers=[3, 4, 6, 3]),
+    'swin_t': dict(type='SwinTransformer', embed_dims=96, depths=[2, 2, 6, 2],
+                   num_heads=[3, 6, 12, 24], window_size=7),
+}
+REFERENCE = 'pvt_v2_b2'
+DEFAULT_SIZES = ['224', '512', '800x1280', '1024']
+
+
+def parse_size(s):
+    h, _, w = s.lower().partition('x')
+    return int(h), int(w or h)
+
+
+def build(name, device):
+    import paca_mm  # noqa: F401  (registers PaCaViT)
+    from mmdet.registry import MODELS as DET_MODELS
+    from mmdet.utils import register_all_modules
+    register_all_modules(init_default_scope=False)
+    model = DET_MODELS.build(dict(MODELS[name]))
+    return model.to(device).eval()
+
+
+def _sync(device):
+    if device.startswith('cuda'):
+        torch.cuda.synchronize()
+
+
+def _autocast(device, amp):
+    if not amp:
+        return torch.autocast('cpu', enabled=False)
+    if device.startswith('cuda'):
+        return torch.autocast('cuda', dtype=torch.float16)
+    return torch.autocast('cpu', dtype=torch.bfloat16)
+
+
+def time_forward(model, x, device, amp):
+    with torch.inference_mode(), _autocast(device, amp):
+        _sync(device)
+        t = time.perf_counter()
+        model(x)
+        _sync(device)
+    return time.perf_counter() - t
+
+
+def time_forward_backward(model, x, device, amp):
+    model.train()
+    try:
+        _sync(device)
+        t = time.perf_counter()
+        with _autocast(device, amp):
+            outs = model(x)
+        sum(o.float().mean() for o in outs).backward()
+        _sync(device)
+        return time.perf_counter() - t
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.eval()
+
+
+def count_flops(model, shape, device):
+    """fvcore-style MACs of one forward, or None if the analyzer is unavailable."""
+    try:
+        from paca_mm.utils.flops import count_macs
+    except ImportError:
+        return None
+    return count_macs(model, torch.randn(1, 3, *shape, device=device))
+
+
+def memory_worker(name, size, device, amp):
+    """Run in a fresh process: peak forward memory growth in MB (inference)."""
+    torch.set_num_threads(int(os.environ.get('BENCH_THREADS', '2')))
+    model = build(name, device)
+    x = torch.randn(1, 3, *parse_size(size), device=device)
+    if device.startswith('cuda'):
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        with torch.inference_mode(), _autocast(device, amp):
+            model(x)
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - base) / 2**20
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with torch.inference_mode(), _autocast(device, amp):
+        model(x)
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return (after - before) / 1024  # ru_maxrss is in KiB on Linux
+
+
+def measure_memory(name, size, args):
+    cmd = [sys.executable, osp.abspath(__file__), '--memory-worker', name, size,
+           '--device', args.device] + (['--amp'] if args.amp else [])
+    env = dict(os.environ, BENCH_THREADS=str(args.threads))
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if res.returncode:
+        print(f'  memory run failed for {name} {size}: {res.stderr.strip()[-500:]}')
+        return None
+    return json.loads(res.stdout.strip().splitlines()[-1])['mem_mb']
+
+
+def run(args):
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    models = {n: build(n, args.device) for n in args.models}
+    rows = []
+    for size in args.sizes:
+        shape = parse_size(size)
+        x = torch.randn(1, 3, *shape, device=args.device)
+        fwd = {n: [] for n in models}
+        fb = {n: [] for n in models}
+        for n, m in models.items():  # warm-up
+            for _ in range(args.warmup):
+                time_forward(m, x, args.device, args.amp)
+        for _ in range(args.repeats):  # interleaved
+            for n, m in models.items():
+                fwd[n].append(time_forward(m, x, args.device, args.amp))
+        if not args.skip_backward:
+            for n, m in models.items():
+                time_forward_backward(m, x, args.device, args.amp)
+            for _ in range(max(1, args.repeats // 2)):
+                for n, m in models.items():
+                    fb[n].append(time_forward_backward(m, x, args.device, args.amp))
+        for n, m in models.items():
+            row = dict(model=n, size=f'{shape[0]}x{shape[1]}', pixels=shape[0] * shape[1],
+                       fwd_ms=1000 * statistics.median(fwd[n]),
+                       fwd_bwd_ms=1000 * statistics.median(fb[n]) if fb[n] else None,
+                       mem_mb=None if args.skip_memory else measure_memory(n, size, args),
+                       params_m=sum(p.numel() for p in m.parameters()) / 1e6,
+                       gmacs=None)
+            if args.flops:
+                macs = count_flops(m, shape, args.device)
+                row['gmacs'] = None if macs is None else macs / 1e9
+            rows.append(row)
+            print(f"{n:>11} {row['size']:>9}: fwd {row['fwd_ms']:8.1f} ms"
+                  + (f", fwd+bwd {row['fwd_bwd_ms']:8.1f} ms" if row['fwd_bwd_ms'] else '')
+                  + (f", mem {row['mem_mb']:7.1f} MB" if row['mem_mb'] is not None else ''),
+                  flush=True)
+    return rows
+
+
+def add_ratios(rows, reference):
+    ref = {r['size']: r for r in rows if r['model'] == reference}
+    for r in rows:
+        base = ref.get(r['size'])
+        for key in ('fwd_ms', 'fwd_bwd_ms', 'mem_mb', 'params_m', 'gmacs'):
+            ok = base and r[key] is not None and base[key]
+            r[key + '_ratio'] = r[key] / base[key] if ok else None
+    return rows
+
+
+def _fmt(v, ratio):
+    if v is None:
+        return '–'
+    return f'{v:.1f} ({ratio:.2f}×)' if ratio is not None else f'{v:.1f}'
+
+
+def to_markdown(rows, args):
+    head = ('| model | input | fwd ms | fwd+bwd ms | peak fwd mem MB | params M | GMACs |\n'
+            '|---|---|---|---|---|---|---|\n')
+    lines = [f"| {r['model']} | {r['size']} | {_fmt(r['fwd_ms'], r['fwd_ms_ratio'])} | "
+             f"{_fmt(r['fwd_bwd_ms'], r['fwd_bwd_ms_ratio'])} | "
+             f"{_fmt(r['mem_mb'], r['mem_mb_ratio'])} | "
+             f"{_fmt(r['params_m'], r['params_m_ratio'])} | "
+             f"{_fmt(r['gmacs'], r['gmacs_ratio'])} |" for r in rows]
+    dev = torch.cuda.get_device_name() if args.device.startswith('cuda') else \
+        f'CPU, {args.threads} threads'
+    return (f'Device: {dev}; torch {torch.__version__}; amp={args.amp}; ratios to '
+            f'{REFERENCE} in parentheses; batch 1.\n\n' + head + '\n'.join(lines) + '\n')
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for name in dict.fromkeys(r['model'] for r in rows):
+        rs = sorted((r for r in rows if r['model'] == name), key=lambda r: r['pixels'])
+        px = [r['pixels'] / 1e6 for r in rs]
+        axes[0].plot(px, [r['fwd_ms'] for r in rs], 'o-', label=name)
+        if all(r['mem_mb'] is not None for r in rs):
+            axes[1].plot(px, [r['mem_mb'] for r in rs], 'o-', label=name)
+    axes[0].set(xlabel='megapixels', ylabel='forward latency (ms)', title='latency')
+    axes[1].set(xlabel='megapixels', ylabel='peak forward memory (MB)', title='memory')
+    for ax in axes:
+        ax.grid(alpha=.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    p.add_argument('--models', nargs='+', default=list(MODELS), choices=list(MODELS))
+    p.add_argument('--sizes', nargs='+', default=DEFAULT_SIZES,
+                   help='H or HxW, e.g. 224 800x1280')
+    p.add_argument('--device', default='cpu')
+    p.add_argument('--amp', action='store_true', help='fp16 on CUDA, bf16 on CPU')
+    p.add_argument('--threads', type=int, default=2)
+    p.add_argument('--repeats', type=int, default=5)
+    p.add_argument('--warmup', type=int, default=1)
+    p.add_argument('--skip-backward', action='store_true')
+    p.add_argument('--skip-memory', action='store_true')
+    p.add_argument('--flops', action='store_true', help='also count MACs')
+    p.add_argument('--out', default='work_dirs/benchmark')
+    p.add_argument('--memory-worker', nargs=2, metavar=('MODEL', 'SIZE'),
+                   help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.memory_worker:
+        mem = memory_worker(*args.memory_worker, args.device, args.amp)
+        print(json.dumps({'mem_mb': mem}))
+        return
+    if REFERENCE not in args.models:
+        args.models.append(REFERENCE)
+    rows = add_ratios(run(args), REFERENCE)
+    os.makedirs(args.out, exist_ok=True)
+    with open(osp.join(args.out, 'benchmark.csv'), 'w', newline='') as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    md = to_markdown(rows, args)
+    with open(osp.join(args.out, 'benchmark.md'), 'w') as f:
+        f.write(md)
+    try:
+        plot(rows, osp.join(args.out, 'benchmark.png'))
+    except Exception as e:  # plotting is optional
+        print(f'plot skipped: {e}')
+    print('\n' + md)
+    print(f'written to {args.out}/benchmark.{{csv,md,png}}')
+
+
+if __name__ == '__main__':
+    main()
