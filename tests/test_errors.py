@@ -1,0 +1,98 @@
+"""Bad configuration, bad input and bad checkpoints give one clear error."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from paca_mm.checkpoint import CheckpointError, load_checkpoint_file
+from paca_mm.models.backbones import PaCaViT
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ARCH = dict(embed_dims=(16, 32, 48, 64), depths=(1, 1, 1, 1), num_heads=(1, 2, 4, 8))
+
+
+@pytest.mark.parametrize('kwargs,match', [
+    (dict(arch='huge'), r"Unknown PaCaViT arch 'huge'. Valid: .*tiny"),
+    (dict(arch=dict(embed_dims=(8,))), "needs 'depths'"),
+    (dict(clustering='kmeans'), r"clustering must be one of \('conv', 'mlp', 'linear'\)"),
+    (dict(num_clusters=(4, 4, 4)), r'num_clusters must have one entry per stage \(4\)'),
+    (dict(num_clusters=(4, -1, 4, 0)), 'num_clusters must be >= 0'),
+    (dict(arch=dict(ARCH, num_heads=(3, 2, 4, 8))), r'num_heads\[0\]=3 does not divide '
+                                                     r'embed_dims\[0\]=16'),
+    (dict(out_indices=(0, 4)), r'out_indices 4 out of range: valid are 0..3'),
+    (dict(frozen_stages=5), r'frozen_stages must be in \[-1, 4\], got 5'),
+    (dict(cluster_sharing='sometimes'), "cluster_sharing must be 'stage', 'block'"),
+    (dict(arch='tiny', teacher=True), 'has no teacher_depths'),
+    (dict(init_cfg=dict(type='Kaiming')), 'supports init_cfg type "Pretrained" only'),
+])
+def test_bad_config(kwargs, match):
+    kwargs = dict(dict(arch=ARCH, num_clusters=(4, 4, 4, 0)), **kwargs)
+    with pytest.raises(ValueError, match=match):
+        PaCaViT(**kwargs).init_weights()
+
+
+@pytest.mark.parametrize('x,match', [
+    (torch.randn(3, 32, 32), r'expects a 4-D \(B, C, H, W\) tensor, got \(3, 32, 32\)'),
+    (torch.randn(1, 1, 32, 32), 'built with in_channels=3 but the input has 1 channels'),
+    ([1, 2], 'expects a 4-D'),
+])
+def test_bad_input(x, match):
+    model = PaCaViT(arch=ARCH)
+    with pytest.raises(ValueError, match=match):
+        model(x)
+
+
+def test_truncated_checkpoint(tmp_path):
+    good = tmp_path / 'good.pth'
+    torch.save(PaCaViT(arch=ARCH).state_dict(), good)
+    bad = tmp_path / 'bad.pth'
+    bad.write_bytes(good.read_bytes()[:5000])
+    with pytest.raises(CheckpointError, match='truncated or corrupt'):
+        load_checkpoint_file(str(bad))
+    garbage = tmp_path / 'garbage.pth'
+    garbage.write_text('not a checkpoint')
+    with pytest.raises(CheckpointError, match='garbage.pth'):
+        load_checkpoint_file(str(garbage))
+
+
+def _convert(*args):
+    return subprocess.run([sys.executable, os.path.join(ROOT, 'tools',
+                                                        'convert_official_checkpoint.py'),
+                           *map(str, args)], capture_output=True, text=True)
+
+
+def test_converter_refuses_to_overwrite_its_input(tmp_path):
+    src = tmp_path / 'IMNET_224_tiny.pth'
+    torch.save(PaCaViT(arch=ARCH).state_dict(), src)
+    before = src.read_bytes()
+    res = _convert(src, src)
+    assert res.returncode != 0 and 'refusing to overwrite the input' in res.stderr
+    assert src.read_bytes() == before
+
+
+def test_converter_adapts_clusters_and_checks_arch(tmp_path):
+    model = PaCaViT(arch='tiny')
+    sd = dict(model.state_dict(), **{'head.weight': torch.randn(5, 384),
+                                     'head.bias': torch.randn(5)})
+    src = tmp_path / 'IMNET_224_pacavit_tiny_p2cconv_100_0.pth'
+    torch.save(sd, src)
+    dst = tmp_path / 'out' / 'tiny_200.pth'
+    res = _convert(src, dst, '--arch', 'tiny', '--num-clusters', 200, 200, 200, 0)
+    assert res.returncode == 0, res.stderr
+    out = torch.load(dst, weights_only=True)['state_dict']
+    PaCaViT(arch='tiny', num_clusters=(200, 200, 200, 0)).load_state_dict(out, strict=True)
+    assert not [f for f in os.listdir(dst.parent) if f.startswith('.tmp_')]  # atomic write
+    # classifier layout
+    res = _convert(src, tmp_path / 'cls.pth', '--to', 'classifier', '--arch', 'tiny')
+    assert res.returncode == 0, res.stderr
+    cls = torch.load(tmp_path / 'cls.pth', weights_only=True)['state_dict']
+    assert torch.equal(cls['head.fc.weight'], sd['head.weight'])
+    assert 'backbone.stage1.0.attn.q.weight' in cls
+    # wrong arch: a clear error naming what does not match
+    res = _convert(src, tmp_path / 'x.pth', '--arch', 'small')
+    assert res.returncode != 0 and 'does not match arch' in res.stderr
+    assert not (tmp_path / 'x.pth').exists()
+    res = _convert(tmp_path / 'missing.pth', tmp_path / 'y.pth')
+    assert res.returncode != 0 and 'checkpoint not found' in res.stderr
