@@ -72,15 +72,38 @@ def _numpy_globals() -> List[Any]:
             *sorted(dtype_classes, key=lambda c: c.__name__)]
 
 
+def _history_buffer_getattr(obj: Any, name: Any) -> Any:
+    """Stand-in for ``builtins.getattr`` while unpickling weights-only.
+
+    A pickled HistoryBuffer stores its statistics methods, which pickle refers to as
+    ``getattr(HistoryBuffer, 'mean')``. Allow-listing the real ``getattr`` would let a
+    checkpoint fetch any attribute of any allowed object, so this resolves public
+    *methods of HistoryBuffer* only and rejects everything else.
+    """
+    import inspect
+    import pickle
+
+    from mmengine.logging import HistoryBuffer
+    if (obj is HistoryBuffer and isinstance(name, str) and not name.startswith('_')
+            and inspect.isfunction(HistoryBuffer.__dict__.get(name))):
+        return HistoryBuffer.__dict__[name]
+    raise pickle.UnpicklingError(
+        f'weights-only load: getattr({obj!r}, {name!r}) is not allowed in a checkpoint '
+        '(paca_mm allows HistoryBuffer methods only)')
+
+
 def mmengine_checkpoint_globals() -> List[Any]:
     """The non-tensor globals an mmengine Runner checkpoint contains.
 
     ``meta.message_hub`` holds :class:`mmengine.logging.HistoryBuffer` objects (numpy
-    arrays of logged scalars) and runtime info such as ``best_score`` (a numpy scalar);
-    everything else is dicts/lists/strings/numbers and tensors.
+    arrays of logged scalars, plus its statistics methods, pickled as
+    ``getattr(HistoryBuffer, name)``) and runtime info such as ``best_score`` (a numpy
+    scalar); everything else is dicts/lists/strings/numbers and tensors. ``getattr`` is
+    given as ``(restricted function, 'builtins.getattr')`` (see
+    :func:`_history_buffer_getattr`).
     """
     from mmengine.logging import HistoryBuffer
-    return [HistoryBuffer, *_numpy_globals()]
+    return [HistoryBuffer, (_history_buffer_getattr, 'builtins.getattr'), *_numpy_globals()]
 
 
 def allow_mmengine_checkpoint_globals(extra: Sequence[Any] = ()) -> List[Any]:
@@ -95,6 +118,7 @@ def allow_mmengine_checkpoint_globals(extra: Sequence[Any] = ()) -> List[Any]:
     blanket ``weights_only=False`` fallback. The allow-list is process-wide, which is the
     scope of one tool run; ``extra`` adds globals a custom hook may store.
 
+    ``builtins.getattr`` is mapped to a function that only resolves HistoryBuffer methods.
     Returns the globals added ([] when torch has no weights-only loading).
     """
     serialization = torch.serialization

@@ -1,0 +1,74 @@
+"""Test (and evaluate) a checkpoint with any paca_mm config (mmseg, mmdet or mmpretrain).
+
+    python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out OUT] [--show]
+        [--show-dir DIR] [--tta] [--cfg-options k=v ...] [--launcher ...]
+
+Semantics follow the toolbox named by the config's default_scope: ``--out`` is a directory
+of prediction maps for mmseg and a ``.pkl`` of predictions for mmdet and mmpretrain;
+``--show-dir`` saves painted predictions; ``--tta`` uses the config's ``tta_model`` and
+``tta_pipeline`` (mmdet/mmpretrain fall back to a flip TTA). Runner checkpoints written
+with torch >= 2.6 load weights-only (see ``paca_mm/utils/runtime.py``).
+Multi-process: tools/dist_test.sh, tools/slurm_test.sh.
+"""
+import argparse
+import os
+import os.path as osp
+import sys
+
+try:
+    import paca_mm  # noqa: F401  (registers PaCaViT & co.)
+except ImportError:  # running from a checkout that is not pip-installed
+    sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+    import paca_mm  # noqa: F401
+
+from mmengine.config import Config, DictAction
+
+from paca_mm.utils import runtime
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description='Test (and evaluate) a PaCa-ViT model')
+    parser.add_argument('config', help='test config file path')
+    parser.add_argument('checkpoint', help='checkpoint file')
+    parser.add_argument('--work-dir', help='the dir to save the file with evaluation metrics')
+    parser.add_argument(
+        '--out', type=str,
+        help='mmseg: directory for prediction maps (offline evaluation); mmdet/mmpretrain: '
+        '.pkl file to dump the predictions to')
+    parser.add_argument('--show', action='store_true', help='show prediction results')
+    parser.add_argument('--show-dir', help='directory where painted images will be saved')
+    parser.add_argument('--wait-time', type=float, default=2, help='the interval of show (s)')
+    parser.add_argument('--interval', type=int, default=1,
+                        help='mmpretrain: visualize every N samples')
+    parser.add_argument(
+        '--cfg-options', nargs='+', action=DictAction,
+        help='override config settings, key=value pairs (e.g. test_dataloader.batch_size=2)')
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
+                        default='none', help='job launcher')
+    parser.add_argument('--tta', action='store_true', help='test time augmentation')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args(argv)
+    if 'LOCAL_RANK' not in os.environ:
+        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if '://' not in args.checkpoint and not osp.isfile(args.checkpoint):
+        raise FileNotFoundError(f'checkpoint {args.checkpoint!r} does not exist')
+    cfg = Config.fromfile(args.config)
+    cfg.launcher = args.launcher
+    if args.cfg_options is not None:
+        cfg.merge_from_dict(args.cfg_options)
+    runtime.set_work_dir(cfg, args.work_dir, args.config)
+    scope = runtime.get_scope(cfg)
+    runtime.apply_test_args(cfg, scope, args.checkpoint, out=args.out, show=args.show,
+                            show_dir=args.show_dir, wait_time=args.wait_time, tta=args.tta,
+                            interval=args.interval)
+    runner = runtime.build_runner(cfg)
+    return runtime.run_with_checkpoint_hint(runner.test)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,68 @@
+"""Train with any paca_mm config (mmseg, mmdet or mmpretrain, chosen by default_scope).
+
+    python tools/train.py CONFIG [--work-dir DIR] [--resume [CKPT]] [--amp]
+        [--auto-scale-lr] [--cfg-options k=v ...] [--launcher none|pytorch|slurm|mpi]
+
+Same flags and semantics as the toolboxes' own tools/train.py. ``--resume`` alone resumes
+from the latest checkpoint in the work dir, ``--resume CKPT`` from that file. On a machine
+without CUDA: SyncBN -> BN, ``--amp`` -> bf16 autocast, distributed -> gloo (see
+``paca_mm/utils/runtime.py``). Multi-process: tools/dist_train.sh, tools/slurm_train.sh.
+"""
+import argparse
+import os
+import os.path as osp
+import sys
+
+try:
+    import paca_mm  # noqa: F401  (registers PaCaViT & co.)
+except ImportError:  # running from a checkout that is not pip-installed
+    sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+    import paca_mm  # noqa: F401
+
+from mmengine.config import Config, DictAction
+
+from paca_mm.utils import runtime
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description='Train a PaCa-ViT model (mmseg/mmdet/mmpretrain)')
+    parser.add_argument('config', help='train config file path')
+    parser.add_argument('--work-dir', help='the dir to save logs and models')
+    parser.add_argument(
+        '--resume', nargs='?', type=str, const='auto',
+        help='resume from CKPT; without a value, from the latest checkpoint in the work dir')
+    parser.add_argument('--amp', action='store_true', default=False,
+                        help='enable automatic mixed precision training')
+    parser.add_argument('--auto-scale-lr', action='store_true',
+                        help='scale the learning rate by total batch size / base_batch_size')
+    parser.add_argument(
+        '--cfg-options', nargs='+', action=DictAction,
+        help='override config settings, key=value pairs (e.g. train_cfg.max_iters=100; '
+        'lists as key="[a,b]" or key=a,b; no white space)')
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
+                        default='none', help='job launcher')
+    # torch.distributed.launch passes --local-rank; torchrun sets LOCAL_RANK
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args(argv)
+    if 'LOCAL_RANK' not in os.environ:
+        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    cfg = Config.fromfile(args.config)
+    cfg.launcher = args.launcher
+    if args.cfg_options is not None:
+        cfg.merge_from_dict(args.cfg_options)
+    runtime.set_work_dir(cfg, args.work_dir, args.config)
+    notes = runtime.apply_train_args(cfg, amp=args.amp, auto_scale_lr=args.auto_scale_lr,
+                                     resume=args.resume)
+    runner = runtime.build_runner(cfg)
+    for note in notes:
+        runner.logger.info(note)
+    runtime.run_with_checkpoint_hint(runner.train)
+
+
+if __name__ == '__main__':
+    main()
