@@ -17,10 +17,10 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 from mmcv.cnn import ConvModule, build_activation_layer, build_norm_layer
-from mmseg.models.builder import build_loss
 from mmseg.models.decode_heads.decode_head import BaseDecodeHead
 from mmseg.models.losses import accuracy
 from mmseg.models.utils import resize
+from mmseg.registry import MODELS
 from torch import Tensor
 
 # The default auxiliary loss: CE on the raw clustering logits (official weight 0.4).
@@ -164,7 +164,7 @@ class PaCaHead(BaseDecodeHead):
         for c in cfgs:
             if not isinstance(c, dict):
                 raise TypeError(f'PaCaHead: aux_loss_decode entries must be dicts, got {c!r}')
-            loss = build_loss(copy.deepcopy(c))
+            loss = MODELS.build(copy.deepcopy(c))
             name = loss.loss_name
             if name in main:
                 name = 'loss_paca_' + (name[len('loss_'):] if name.startswith('loss_')
