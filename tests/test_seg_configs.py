@@ -1,0 +1,160 @@
+"""Every segmentation config loads, builds and runs; ADE20k recipes match spec 7.3/7.4/8.3."""
+import copy
+import glob
+import os.path as osp
+
+import pytest
+import torch
+from mmengine.config import Config
+from mmengine.model import revert_sync_batchnorm
+from mmengine.optim import build_optim_wrapper
+from mmengine.registry import init_default_scope
+from mmseg.registry import MODELS
+
+import paca_mm  # noqa: F401
+
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+PACA_HEAD = sorted(glob.glob(osp.join(REPO, 'configs', 'paca_head', '*.py')))
+UPERNET = sorted(glob.glob(osp.join(REPO, 'configs', 'upernet', '*.py')))
+DEMO = sorted(glob.glob(osp.join(REPO, 'configs', 'demo', '*seg*.py')))
+ADE = PACA_HEAD + UPERNET
+
+# Exact parameter counts (backbone with ADE20k clusters + heads), spec 3.4 / 6.2 / 7.4 / 8.3.
+PARAMS = {
+    'pacahead_pacavit_tiny_p2cconv_100_0': 13_326_764,
+    'pacahead_pacavit_small_p2cconv_100_0': 21_713_504 + 1_450_284,
+    'pacahead_pacavit_base_p2cconv_100_0': 46_465_504 + 1_499_436,
+    'pacahead_pacavit_small_p2cmlp_100_0': 22_495_768 + 1_450_284,
+    'pacahead_pacavit_convmixer_small_100': 20_789_664 + 1_450_284,
+    'pacahead_pacavit_convmixer_base_100': 47_264_992 + 1_499_436,
+    'pacahead_pacavit_small_p2cconv_2_0': 21_713_504 + 1_450_284,
+    'pacahead_pacavit_small_p2cconv_49_0': 21_713_504 + 1_450_284,
+    'pacahead_pacavit_small_p2cconv_49_100': 21_959_648 + 1_450_284,
+    'pacahead_pacavit_small_p2cconv_100_49': 21_959_648 + 1_450_284,
+    'pacahead_pacavit_small_p2cconv_100': 21_959_648 + 1_450_284,
+    'pacahead_pacavit_small_p2cconv_100_blockwise': 24_328_544 + 1_450_284,
+    'upernet_pacavit_tiny_p2cconv_100_0': 41_561_516,
+    'upernet_pacavit_small_p2cconv_100_0': 51_398_540,
+    'upernet_pacavit_base_p2cconv_100_0': 77_182_732,
+}
+# ADE20k cluster override (spec 7.3): [200]*4 for these, [200, 200, 200, 0] for the others
+CLUSTERS_200X4 = {
+    'pacahead_pacavit_convmixer_small_100', 'pacahead_pacavit_convmixer_base_100',
+    'pacahead_pacavit_small_p2cconv_49_100', 'pacahead_pacavit_small_p2cconv_100_49',
+    'pacahead_pacavit_small_p2cconv_100', 'pacahead_pacavit_small_p2cconv_100_blockwise'}
+# drop path (spec 7.3: 0.5 for base conv and base teacher with the PaCa head; 7.4: 0.1 all)
+BASE_DROP_PATH = {'pacahead_pacavit_base_p2cconv_100_0', 'pacahead_pacavit_convmixer_base_100'}
+
+
+def short(path):
+    return osp.basename(path)[:-len('.py')].replace('_512x512_160k_ade20k', '')
+
+
+def build(cfg):
+    """Build cfg.model on CPU: no checkpoint file (removed), SyncBN -> BN, no weights init."""
+    init_default_scope(cfg.get('default_scope', 'mmseg'))
+    model_cfg = copy.deepcopy(cfg.model)
+    model_cfg.backbone.pop('init_cfg', None)
+    return revert_sync_batchnorm(MODELS.build(model_cfg))
+
+
+def test_config_inventory():
+    names = {short(p) for p in ADE}
+    assert names == set(PARAMS), names ^ set(PARAMS)
+    assert DEMO, 'no demo segmentation config found'
+
+
+@pytest.mark.parametrize('path', ADE + DEMO, ids=lambda p: osp.basename(p))
+def test_config_builds_and_runs(path):
+    cfg = Config.fromfile(path)
+    assert cfg.default_scope == 'mmseg'
+    assert cfg.custom_imports == dict(imports=['paca_mm'], allow_failed_imports=False)
+    assert cfg.model.backbone.type == 'PaCaViT'
+    model = build(cfg)
+    model.eval()
+    num_classes = cfg.model.decode_head.num_classes
+    with torch.no_grad():
+        logits = model(torch.randn(1, 3, 64, 64), mode='tensor')
+    assert logits.shape[:2] == (1, num_classes)
+    assert logits.shape[2:] == (16, 16)  # both heads predict at stride 4
+    assert torch.isfinite(logits).all()
+    name = short(path)
+    if name in PARAMS:
+        assert sum(p.numel() for p in model.parameters()) == PARAMS[name]
+        check_ade_recipe(cfg, name)
+        check_optimizer_groups(cfg, model, name)
+
+
+def check_ade_recipe(cfg, name):
+    arch = cfg.model.backbone.arch
+    assert name.endswith(arch), (name, arch)
+    ckpt = cfg.model.backbone.init_cfg
+    assert ckpt.type == 'Pretrained' and ckpt.checkpoint == f'checkpoints/IMNET_224_{arch}.pth'
+    four = name in CLUSTERS_200X4
+    assert tuple(cfg.model.backbone.num_clusters) == ((200,) * 4 if four else (200, 200, 200, 0))
+    dp = 0.5 if name in BASE_DROP_PATH else 0.1
+    assert cfg.model.backbone.drop_path_rate == dp
+    assert cfg.model.decode_head.num_classes == 150
+    assert cfg.train_dataloader.batch_size == 2
+    assert cfg.train_dataloader.dataset.type == 'ADE20KDataset'
+    assert cfg.crop_size == (512, 512) and cfg.model.data_preprocessor.size == (512, 512)
+    assert cfg.train_cfg.max_iters == 160_000 and cfg.train_cfg.val_interval == 16_000
+    opt = cfg.optim_wrapper.optimizer
+    assert (opt.type, opt.lr, opt.weight_decay, tuple(opt.betas)) == \
+        ('AdamW', 6e-5, 0.01, (0.9, 0.999))
+    warm, poly = cfg.param_scheduler
+    assert (warm.type, warm.start_factor, warm.end) == ('LinearLR', 1e-6, 1500)
+    assert (poly.type, poly.power, poly.begin, poly.end) == ('PolyLR', 1.0, 1500, 160_000)
+    assert cfg.val_evaluator.iou_metrics == ['mIoU']
+
+
+def check_optimizer_groups(cfg, model, name):
+    """lr/decay per parameter, as mmengine's constructor resolves the custom keys."""
+    wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
+    setting = {}
+    by_id = {id(p): n for n, p in model.named_parameters()}
+    for group in wrapper.optimizer.param_groups:
+        for p in group['params']:
+            setting[by_id[id(p)]] = (group['lr'] / 6e-5, group['weight_decay'] / 0.01)
+    assert len(setting) == len(by_id)
+    x10 = {n for n, (lr, _) in setting.items() if abs(lr - 10) < 1e-6}
+    for n, (lr, wd) in setting.items():
+        assert abs(lr - 1) < 1e-6 or abs(lr - 10) < 1e-6, (n, lr)
+        if 'norm' in n:  # backbone LayerNorms: no decay
+            assert wd == 0, n
+    if name.startswith('upernet'):
+        assert not x10  # the released UperNet recipe has no multipliers (spec 7.4)
+        return
+    head = {n for n in setting if n.startswith('decode_head.')}
+    assert head <= x10
+    for n in head:
+        is_norm = '.bn.' in n or n.startswith(('decode_head.k.2', 'decode_head.v.2'))
+        assert setting[n][1] == (0 if is_norm else 1), n
+    cluster_layers = {n for n in x10 if not n.startswith('decode_head.')}
+    arch = cfg.model.backbone.arch
+    if 'convmixer' in arch:
+        expected = {n for n in setting if '.to_clusters' in n}
+        assert len(expected) == 8  # weight + bias of 4 stages
+    elif 'p2cmlp' in arch:
+        expected = {n for n in setting if n.endswith(('clustering.clustering.2.weight',
+                                                      'clustering.clustering.2.bias'))}
+        assert len(expected) == 6
+    else:
+        expected = {n for n in setting if n.endswith('clustering.clustering.4.weight')}
+        # the conv variant's middle PWConv is 'clustering.clustering.2' and keeps lr x1
+        assert not any('clustering.clustering.2' in n for n in cluster_layers)
+        # one per clustering block: the first block of each stage with clusters, or all
+        # blocks for block-wise sharing
+        assert len(expected) == (3 + 3 + 10 + 3 if 'blockwise' in arch else
+                                 sum(m > 0 for m in cfg.model.backbone.num_clusters))
+    assert cluster_layers == expected
+
+
+def test_demo_config_is_cpu_friendly():
+    cfg = Config.fromfile(DEMO[0])
+    assert cfg.model.backbone.arch == 'pacavit_tiny_p2cconv_100_0'  # the real tiny arch
+    assert cfg.model.decode_head.type == 'PaCaHead'
+    assert cfg.model.decode_head.norm_cfg.type == 'BN'
+    assert cfg.model.decode_head.num_classes == len(cfg.classes) == 4
+    assert cfg.env_cfg.dist_cfg.backend == 'gloo'
+    assert cfg.train_dataloader.dataset.reduce_zero_label is False
