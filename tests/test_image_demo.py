@@ -1,0 +1,129 @@
+"""tools/image_demo.py: detection, segmentation and classification with random tiny models
+saved to checkpoints (the tool must load them: its predictions equal the saved model's)."""
+import glob
+import importlib.util
+import os.path as osp
+
+import numpy as np
+import pytest
+import torch
+
+cv2 = pytest.importorskip('cv2')
+
+import paca_mm  # noqa: E402,F401
+from paca_mm.visualization.inference import build_model  # noqa: E402
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+SEG_CFG = osp.join(ROOT, 'configs', 'demo', 'pacahead_tiny_synthetic_seg.py')
+CLS_CFG = osp.join(ROOT, 'configs', 'demo', 'paca_tiny_synthetic_cls.py')
+OWN_DET_CFG = osp.join(ROOT, 'tests', 'data', 'image_demo_tiny_mask_rcnn.py')
+
+
+def _det_cfg():
+    """The detection demo config of configs/demo if there is one, else the test's own."""
+    found = sorted(f for f in glob.glob(osp.join(ROOT, 'configs', 'demo', '*.py'))
+                   if 'rcnn' in osp.basename(f) or 'coco' in osp.basename(f))
+    return found[0] if found else OWN_DET_CFG
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location(
+        '_tool_image_demo', osp.join(ROOT, 'tools', 'image_demo.py'))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _image(path, h, w, seed=0):
+    """A dark noisy image with a bright disc and square (BGR, written as PNG)."""
+    rng = np.random.default_rng(seed)
+    img = rng.integers(0, 60, size=(h, w, 3)).astype(np.uint8)
+    cv2.circle(img, (w // 3, h // 2), min(h, w) // 5, (40, 40, 230), -1)
+    cv2.rectangle(img, (w // 2, h // 4), (w // 2 + w // 5, h // 4 + h // 4), (40, 200, 40), -1)
+    cv2.imwrite(path, img)
+    return img
+
+
+def _save(model, path, meta):
+    torch.save({'state_dict': model.state_dict(), 'meta': {'dataset_meta': meta}}, path)
+
+
+def _check_png(path, shape):
+    assert osp.isfile(path) and osp.getsize(path) > 100
+    img = cv2.imread(path)
+    assert img is not None and img.shape[:2] == shape
+    return img
+
+
+def test_image_demo_segmentation(tmp_path):
+    pytest.importorskip('mmseg')
+    from mmseg.apis import inference_model
+    torch.manual_seed(0)
+    model = build_model(SEG_CFG, None)
+    classes = ('background', 'disc', 'square', 'triangle')
+    palette = [[120, 120, 120], [220, 20, 60], [0, 90, 255], [0, 190, 60]]
+    ckpt = str(tmp_path / 'seg.pth')
+    _save(model, ckpt, dict(classes=classes, palette=palette))
+    img_path = str(tmp_path / 'img.png')
+    img = _image(img_path, 96, 128)
+    out_file = str(tmp_path / 'out' / 'seg.png')
+    out = _tool().main([SEG_CFG, ckpt, img_path, '--out', out_file])
+    assert out['task'] == 'seg'
+    drawn = _check_png(out_file, img.shape[:2])
+    assert not np.array_equal(drawn, img)  # the colourised map was blended in
+    pred = out['result'].pred_sem_seg.data
+    assert pred.shape == (1, 96, 128) and int(pred.max()) < len(classes)
+    # the tool's model is the saved one
+    ref = inference_model(model, img_path)
+    torch.testing.assert_close(out['result'].seg_logits.data, ref.seg_logits.data)
+
+
+def test_image_demo_detection(tmp_path):
+    pytest.importorskip('mmdet')
+    from mmdet.apis import inference_detector
+    cfg = _det_cfg()
+    torch.manual_seed(0)
+    model = build_model(cfg, None)
+    ckpt = str(tmp_path / 'det.pth')
+    _save(model, ckpt, dict(classes=('circle', 'square', 'triangle')))
+    img_path = str(tmp_path / 'img.png')
+    img = _image(img_path, 112, 144, seed=1)
+    out_file = str(tmp_path / 'det.png')
+    out = _tool().main([cfg, ckpt, img_path, '--out', out_file, '--score-thr', '0'])
+    assert out['task'] == 'det'
+    drawn = _check_png(out_file, img.shape[:2])
+    inst = out['result'].pred_instances
+    assert out['num_instances'] == len(inst) > 0
+    assert not np.array_equal(drawn, img)  # boxes/masks drawn
+    assert float(inst.bboxes[:, 2].max()) <= 144 + 1e-3
+    assert float(inst.bboxes[:, 3].max()) <= 112 + 1e-3
+    assert inst.masks.shape[1:] == (112, 144)
+    ref = inference_detector(model, img_path).pred_instances
+    torch.testing.assert_close(inst.scores, ref.scores)
+    torch.testing.assert_close(inst.bboxes, ref.bboxes)
+
+
+def test_image_demo_classification(tmp_path):
+    pytest.importorskip('mmpretrain')
+    from paca_mm.visualization import classify
+    from paca_mm.visualization.inference import load_image
+    torch.manual_seed(0)
+    model = build_model(CLS_CFG, None)
+    ckpt = str(tmp_path / 'cls.pth')
+    _save(model, ckpt, dict(classes=('c0', 'c1', 'c2', 'c3')))
+    img_path = str(tmp_path / 'img.png')
+    _image(img_path, 64, 64, seed=2)
+    out_file = str(tmp_path / 'cls.png')
+    out = _tool().main([CLS_CFG, ckpt, img_path, '--out', out_file, '--topk', '3'])
+    assert out['task'] == 'cls'
+    assert osp.isfile(out_file) and cv2.imread(out_file) is not None
+    ref = classify(model, load_image(model.cfg, img_path)[None])[0]
+    torch.testing.assert_close(out['result'], ref)
+    assert [c for c, _ in out['top']] == [f'c{i}' for i in ref.argsort(descending=True)[:3]]
+    assert sum(p for _, p in out['top']) <= 1.0 + 1e-6
+
+
+def test_image_demo_errors(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        _tool().main([CLS_CFG, 'none', str(tmp_path / 'missing.png'), '--out',
+                      str(tmp_path / 'x.png')])
