@@ -44,7 +44,7 @@ if ! "$VENV/bin/python" -c "import mmcv, mmcv.ops" 2>/dev/null; then
     grep -q -- '-std=c++20' "$SRC/setup.py" || { log "could not patch the C++ standard in mmcv's setup.py"; exit 1; }
     mkdir -p "$WHEELDIR"
     (cd "$SRC" && MMCV_WITH_OPS=1 FORCE_CUDA=0 MAX_JOBS=${MAX_JOBS:-$(nproc)} \
-      "${PIP[@]}" wheel --no-build-isolation --no-deps -w "$BUILD/dist" .)
+      "${PIP[@]}" wheel --no-cache-dir --no-build-isolation --no-deps -w "$BUILD/dist" .)
     mv "$BUILD"/dist/mmcv-*.whl "$WHEELDIR"/
     rm -rf "$BUILD"
   fi
