@@ -38,8 +38,9 @@ def parse_args(argv=None):
     parser.add_argument('--show', action='store_true', help='show prediction results')
     parser.add_argument('--show-dir', help='directory where painted images will be saved')
     parser.add_argument('--wait-time', type=float, default=2, help='the interval of show (s)')
-    parser.add_argument('--interval', type=int, default=1,
-                        help='mmpretrain: visualize every N samples')
+    parser.add_argument('--interval', type=int, default=None,
+                        help='with --show/--show-dir: draw every N-th test batch (default: '
+                        'the hook\'s interval; 1 for mmpretrain)')
     parser.add_argument(
         '--cfg-options', nargs='+', action=DictAction,
         help='override config settings, key=value pairs (e.g. test_dataloader.batch_size=2)')

@@ -357,8 +357,12 @@ def _as_list(evaluator: Any) -> list:
 
 def trigger_visualization(cfg: Config, scope: str, show: bool = False,
                           show_dir: Optional[str] = None, wait_time: float = 2.,
-                          interval: int = 1) -> None:
-    """Turn on the config's visualization hook the way each toolbox's test.py does."""
+                          interval: Optional[int] = None) -> None:
+    """Turn on the config's visualization hook the way each toolbox's test.py does.
+
+    ``interval`` (draw every N-th batch) defaults to 1 for mmpretrain (its test.py) and to
+    the hook's own setting otherwise (SegVisualizationHook: 50).
+    """
     hooks = cfg.get('default_hooks', {})
     if 'visualization' not in hooks:
         raise ValueError('--show/--show-dir need a `visualization` entry in default_hooks '
@@ -366,11 +370,13 @@ def trigger_visualization(cfg: Config, scope: str, show: bool = False,
     hook = hooks['visualization']
     if scope == 'mmpretrain':
         hook['enable'] = True
-        hook['interval'] = interval
+        hook['interval'] = 1 if interval is None else interval
         if show_dir:
             hook['out_dir'] = show_dir
     else:
         hook['draw'] = True
+        if interval is not None:
+            hook['interval'] = interval
         if show_dir and scope == 'mmseg':
             cfg.visualizer['save_dir'] = show_dir
         elif show_dir:  # mmdet: relative to work_dir/timestamp
@@ -419,7 +425,7 @@ def apply_tta(cfg: Config, scope: str) -> None:
 
 def apply_test_args(cfg: Config, scope: str, checkpoint: str, out: Optional[str] = None,
                     show: bool = False, show_dir: Optional[str] = None, wait_time: float = 2.,
-                    tta: bool = False, interval: int = 1) -> None:
+                    tta: bool = False, interval: Optional[int] = None) -> None:
     """The ``tools/test.py`` options with each toolbox's semantics:
 
     * ``--out``: mmseg -> directory of prediction maps for offline evaluation

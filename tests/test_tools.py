@@ -1,0 +1,319 @@
+"""tools/train.py, tools/test.py, tools/dist_train.sh and their helpers (paca_mm.utils).
+
+Fast tests check the config/CLI handling and the CPU/torch>=2.6 helpers in-process; the
+slow ones run the real tools as subprocesses on tests/data/tools_tiny_seg.py (a tiny
+PaCaViT + FCN head on 32x32 synthetic images, 6 iterations, checkpoint every 3).
+"""
+import os
+import os.path as osp
+import pickle
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+from mmengine.config import Config
+
+import paca_mm  # noqa: F401
+from paca_mm.utils import (CPUAmpOptimWrapper, CPUDistributedDataParallel,
+                           adapt_cfg_to_device, allow_mmengine_checkpoint_globals,
+                           apply_test_args, apply_train_args, get_scope,
+                           mmengine_checkpoint_globals, register_toolbox_modules)
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+DATA = osp.join(ROOT, 'tests', 'data')
+CONFIG = osp.join(DATA, 'tools_tiny_seg.py')
+
+
+def _cfg(**updates):
+    cfg = Config.fromfile(CONFIG)
+    cfg.merge_from_dict(updates)
+    return cfg
+
+
+def _norm_types(node, found):
+    if isinstance(node, dict):
+        if 'norm_cfg' in node:
+            found.append(node['norm_cfg']['type'])
+        for v in node.values():
+            _norm_types(v, found)
+    return found
+
+
+# ----------------------------------------------------------------------------- fast
+def test_scope_and_registration():
+    assert register_toolbox_modules(_cfg()) == 'mmseg'
+    from mmseg.registry import MODELS
+    assert MODELS.get('FCNHead') is not None and MODELS.get('PaCaViT') is not None
+    cfg = _cfg()
+    cfg.pop('default_scope')
+    with pytest.raises(ValueError, match='default_scope'):
+        get_scope(cfg)
+    with pytest.raises(ValueError, match='one of'):
+        get_scope(Config(dict(default_scope='mmocr')))
+
+
+def test_adapt_cfg_to_cpu():
+    cfg = _cfg(launcher='pytorch', sync_bn='torch',
+               optim_wrapper=dict(type='AmpOptimWrapper', loss_scale='dynamic',
+                                  dtype='float16'))
+    assert _norm_types(cfg.model, []) == ['SyncBN']
+    assert adapt_cfg_to_device(cfg.copy(), cuda=True) == []  # GPU: untouched
+    notes = adapt_cfg_to_device(cfg, cuda=False)
+    assert _norm_types(cfg.model, []) == ['BN']
+    assert 'sync_bn' not in cfg
+    assert cfg.env_cfg.dist_cfg.backend == 'gloo'
+    assert cfg.model_wrapper_cfg.type == 'CPUDistributedDataParallel'
+    assert cfg.optim_wrapper.type == 'CPUAmpOptimWrapper'
+    assert cfg.optim_wrapper.dtype == 'bfloat16'
+    text = '\n'.join(notes)
+    assert 'SyncBN reverted to BN' in text and "'gloo'" in text and 'bfloat16' in text
+    # not distributed: no wrapper, backend untouched
+    cfg = _cfg()
+    adapt_cfg_to_device(cfg, cuda=False)
+    assert 'model_wrapper_cfg' not in cfg and cfg.env_cfg.dist_cfg.backend == 'nccl'
+
+
+def test_train_args():
+    cfg = _cfg()
+    apply_train_args(cfg, amp=True, resume='auto')
+    assert cfg.optim_wrapper.type == 'AmpOptimWrapper'
+    assert cfg.optim_wrapper.loss_scale == 'dynamic'
+    assert cfg.resume is True and cfg.load_from is None
+    cfg = _cfg()
+    apply_train_args(cfg, resume='some/iter_3.pth')
+    assert cfg.resume is True and cfg.load_from == 'some/iter_3.pth'
+    with pytest.raises(ValueError, match='auto_scale_lr'):
+        apply_train_args(_cfg(), auto_scale_lr=True)
+    cfg = _cfg(auto_scale_lr=dict(enable=False, base_batch_size=16))
+    apply_train_args(cfg, auto_scale_lr=True)
+    assert cfg.auto_scale_lr.enable is True
+    cfg = _cfg()
+    cfg.optim_wrapper.type = 'ApexOptimWrapper'
+    with pytest.raises(ValueError, match='OptimWrapper'):
+        apply_train_args(cfg, amp=True)
+
+
+def test_test_args_follow_each_toolbox():
+    # mmseg: --out is a directory for IoUMetric, --show-dir goes to the visualizer
+    cfg = _cfg()
+    apply_test_args(cfg, 'mmseg', 'ckpt.pth', out='preds', show_dir='vis')
+    assert cfg.load_from == 'ckpt.pth'
+    assert cfg.test_evaluator.output_dir == 'preds' and cfg.test_evaluator.keep_results
+    assert cfg.default_hooks.visualization.draw is True
+    assert cfg.visualizer.save_dir == 'vis'
+    with pytest.raises(ValueError, match='tta'):
+        apply_test_args(_cfg(), 'mmseg', 'ckpt.pth', tta=True)
+    cfg = _cfg(tta_model=dict(type='SegTTAModel'), tta_pipeline=[dict(type='LoadImageFromFile')])
+    apply_test_args(cfg, 'mmseg', 'ckpt.pth', tta=True)
+    assert cfg.model.type == 'SegTTAModel' and cfg.model.module.type == 'EncoderDecoder'
+    assert cfg.test_dataloader.dataset.pipeline == [dict(type='LoadImageFromFile')]
+
+    # mmdet: --out is a pickle (DumpDetResults), --show-dir is the hook's test_out_dir,
+    # --tta falls back to DetTTAModel with a flip pipeline
+    cfg = _cfg(default_scope='mmdet')
+    apply_test_args(cfg, 'mmdet', 'ckpt.pth', out='r.pkl', show_dir='vis', tta=True)
+    assert cfg.test_evaluator[-1] == dict(type='mmdet.DumpDetResults', out_file_path='r.pkl')
+    assert cfg.default_hooks.visualization.test_out_dir == 'vis'
+    assert cfg.model.type == 'mmdet.DetTTAModel'
+    assert cfg.test_dataloader.dataset.pipeline[-1]['type'] == 'TestTimeAug'
+    with pytest.raises(ValueError, match='pkl'):
+        apply_test_args(_cfg(), 'mmdet', 'ckpt.pth', out='r.json')
+
+    # mmpretrain: --out pickle (DumpResults), VisualizationHook enable/out_dir
+    cfg = _cfg(default_scope='mmpretrain')
+    apply_test_args(cfg, 'mmpretrain', 'ckpt.pth', out='r.pkl', show_dir='vis', tta=True)
+    assert cfg.test_evaluator[-1]['type'] == 'DumpResults'
+    assert cfg.default_hooks.visualization.enable is True
+    assert cfg.default_hooks.visualization.out_dir == 'vis'
+    assert cfg.model.type == 'mmpretrain.AverageClsScoreTTA'
+
+
+class _NotAllowed:
+    pass
+
+
+class _GetattrPayload:
+    def __reduce__(self):  # pickles as getattr(numpy.ndarray, 'tofile')
+        import numpy as np
+        return getattr, (np.ndarray, 'tofile')
+
+
+def test_runner_checkpoint_globals_load_weights_only(tmp_path):
+    """A Runner-style checkpoint (message hub with HistoryBuffers, numpy scalar runtime
+    info) loads with weights_only=True after the allow-list, and nothing else does."""
+    import numpy as np
+    from mmengine.logging import MessageHub
+    hub = MessageHub.get_instance('paca_mm_test_ckpt_globals')
+    for i in range(3):
+        hub.update_scalar('train/loss', 1.0 / (i + 1))
+    hub.update_info('best_score', np.float64(0.5))
+    ckpt = dict(meta=dict(message_hub=hub.state_dict(), seed=0),
+                state_dict={'w': torch.ones(2)}, optimizer={'state': {}})
+    path = tmp_path / 'ckpt.pth'
+    torch.save(ckpt, path)
+
+    unsafe = set(torch.serialization.get_unsafe_globals_in_checkpoint(str(path)))
+    allowed = {g[1] if isinstance(g, tuple) else f'{g.__module__}.{g.__qualname__}'
+               for g in mmengine_checkpoint_globals()}
+    assert any('HistoryBuffer' in name for name in unsafe)
+    assert unsafe <= allowed, f'not allow-listed: {unsafe - allowed}'
+
+    allow_mmengine_checkpoint_globals()
+    loaded = torch.load(path, map_location='cpu', weights_only=True)
+    buf = loaded['meta']['message_hub']['log_scalars']['train/loss']
+    assert buf.current() == pytest.approx(1 / 3)
+    assert loaded['meta']['message_hub']['runtime_info']['best_score'] == 0.5
+    # weights-only protection is still on for anything else: unknown classes, and
+    # getattr beyond HistoryBuffer's methods
+    torch.save(dict(obj=_NotAllowed()), tmp_path / 'bad.pth')
+    with pytest.raises(pickle.UnpicklingError):
+        torch.load(tmp_path / 'bad.pth', weights_only=True)
+    torch.save(dict(obj=_GetattrPayload()), tmp_path / 'bad_getattr.pth')
+    with pytest.raises(pickle.UnpicklingError, match='HistoryBuffer methods only'):
+        torch.load(tmp_path / 'bad_getattr.pth', weights_only=True)
+
+
+def test_cpu_amp_optim_wrapper():
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    wrapper = CPUAmpOptimWrapper(optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                                 loss_scale='dynamic', dtype='bfloat16')
+    before = model.weight.detach().clone()
+    with wrapper.optim_context(model):
+        out = model(torch.randn(3, 4))
+    assert out.dtype == torch.bfloat16
+    wrapper.update_params(out.float().pow(2).mean())
+    assert not torch.equal(before, model.weight)
+    state = wrapper.state_dict()
+    state['loss_scaler'] = {'scale': 65536.0}  # as written by AmpOptimWrapper on GPU
+    wrapper.load_state_dict(state)
+    with pytest.raises(ValueError, match='bfloat16'):
+        CPUAmpOptimWrapper(optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                           dtype='float16')
+
+
+def test_cpu_ddp_wrapper_reverts_syncbn(tmp_path):
+    import torch.distributed as dist
+    assert not dist.is_initialized()
+    dist.init_process_group('gloo', init_method=f'file://{tmp_path / "pg"}', rank=0,
+                            world_size=1)
+    try:
+        model = nn.Sequential(nn.Conv2d(3, 4, 1), nn.SyncBatchNorm(4))
+        ddp = CPUDistributedDataParallel(model, device_ids=[0], broadcast_buffers=False)
+        assert not any(isinstance(m, nn.SyncBatchNorm) for m in ddp.modules())
+        ddp(torch.randn(2, 3, 4, 4)).sum().backward()
+        assert model[0].weight.grad is not None
+    finally:
+        dist.destroy_process_group()
+
+
+def _load_tool(name):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(f'paca_tools_{name}',
+                                                  osp.join(ROOT, 'tools', f'{name}.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_tool_cli_errors(tmp_path, monkeypatch):
+    monkeypatch.setenv('LOCAL_RANK', '0')  # parse_args exports it; restored afterwards
+    test_tool, train_tool = _load_tool('test'), _load_tool('train')
+    with pytest.raises(FileNotFoundError, match='does not exist'):
+        test_tool.main([CONFIG, str(tmp_path / 'missing.pth')])
+    args = train_tool.parse_args([CONFIG, '--resume'])
+    assert args.resume == 'auto'
+    args = train_tool.parse_args([CONFIG, '--resume', 'x.pth', '--amp', '--launcher', 'pytorch',
+                                  '--cfg-options', 'a.b=1'])
+    assert (args.resume, args.amp, args.launcher, args.cfg_options) == \
+        ('x.pth', True, 'pytorch', {'a.b': 1})
+    with pytest.raises(SystemExit):
+        train_tool.parse_args([CONFIG, '--launcher', 'ssh'])
+
+
+# ----------------------------------------------------------------------------- slow
+def _env():
+    env = dict(os.environ, OMP_NUM_THREADS='1', MKL_NUM_THREADS='1',
+               CUDA_VISIBLE_DEVICES='', PYTHON=sys.executable)
+    env['PYTHONPATH'] = os.pathsep.join(
+        [ROOT] + ([env['PYTHONPATH']] if env.get('PYTHONPATH') else []))
+    return env
+
+
+def _data_options(data_root):
+    return ['--cfg-options'] + [f'{split}_dataloader.dataset.data_root={data_root}'
+                                for split in ('train', 'val', 'test')]
+
+
+def _run(cmd, cwd, timeout=300):
+    proc = subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True,
+                          timeout=timeout)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f'{cmd} failed ({proc.returncode}):\n{out[-6000:]}'
+    return out
+
+
+@pytest.fixture(scope='module')
+def tiny_data(tmp_path_factory):
+    from paca_mm.datasets.synthetic_seg import generate_synthetic_seg
+    root = tmp_path_factory.mktemp('tools_seg_data')
+    return generate_synthetic_seg(str(root), num_train=4, num_val=2, size=(32, 32), seed=0)
+
+
+@pytest.mark.slow
+def test_train_then_test_tools(tmp_path, tiny_data):
+    work = tmp_path / 'work'
+    out = _run([sys.executable, osp.join(ROOT, 'tools', 'train.py'), CONFIG, '--work-dir',
+                str(work), '--amp'] + _data_options(tiny_data), cwd=tmp_path)
+    assert (work / 'iter_3.pth').is_file() and (work / 'iter_6.pth').is_file()
+    assert 'SyncBN reverted to BN' in out
+    assert 'CPUAmpOptimWrapper' in out
+    assert re.search(r'Iter\(train\) \[6/6\]', out)
+    assert 'mIoU' in out  # validation at iteration 6
+
+    preds, vis = tmp_path / 'preds', tmp_path / 'vis'
+    out = _run([sys.executable, osp.join(ROOT, 'tools', 'test.py'), CONFIG,
+                str(work / 'iter_6.pth'), '--work-dir', str(tmp_path / 'test'), '--out',
+                str(preds), '--show-dir', str(vis), '--interval', '1']
+               + _data_options(tiny_data), cwd=tmp_path)
+    assert 'Load checkpoint from' in out
+    m = re.search(r'Iter\(test\) \[2/2\].*mIoU: ([0-9.]+)', out)
+    assert m, out[-3000:]
+    assert 0.0 <= float(m.group(1)) <= 100.0
+    assert len(os.listdir(preds)) == 2  # one prediction map per validation image
+    assert len(os.listdir(vis / 'vis_data' / 'vis_image')) == 2  # painted predictions
+
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_dist_train_two_cpu_processes(tmp_path, tiny_data):
+    work = tmp_path / 'work'
+    env = _env()
+    env['PORT'] = str(_free_port())
+    cmd = ['bash', osp.join(ROOT, 'tools', 'dist_train.sh'), CONFIG, '2', '--work-dir',
+           str(work)] + _data_options(tiny_data) + ['train_cfg.max_iters=3',
+                                                    'train_cfg.val_interval=3']
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    # both ranks joined one gloo group and trained
+    assert '[paca_mm] rank 0/2 ready (backend gloo)' in out
+    assert '[paca_mm] rank 1/2 ready (backend gloo)' in out
+    assert "distributed backend 'nccl' -> 'gloo'" in out
+    assert 'CPUDistributedDataParallel' in out
+    assert re.search(r'Iter\(train\) \[3/3\]', out)
+    assert 'Distributed training: True' in out
+    # the 2 validation images are split over the 2 ranks: one batch each
+    assert re.search(r'Iter\(val\) \[1/1\]', out)
+    assert (work / 'iter_3.pth').is_file() and (work / 'last_checkpoint').is_file()
