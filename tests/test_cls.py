@@ -250,3 +250,53 @@ def test_train_then_test_end_to_end(tmp_path):
     metrics = [json.load(open(f)) for f in results]
     top1 = [m['accuracy/top1'] for m in metrics if 'accuracy/top1' in m]
     assert top1 and all(0.0 <= t <= 100.0 for t in top1)
+
+
+def test_imagenet_pipelines_optimizer_and_schedule():
+    """The shared recipe builds: augmentation pipelines run, no weight decay on 1-D params,
+    and the lr curve is warm-up 5e-7 -> 5e-4 (5 epochs) -> cosine to 5e-6 (at batch 512)."""
+    from mmengine.dataset import Compose
+    from mmengine.optim import build_optim_wrapper
+    from mmengine.registry import PARAM_SCHEDULERS
+    cfg = Config.fromfile(osp.join(IMNET_DIR, 'pacavit_tiny_p2cconv_100_0_8xb128_in1k.py'))
+    init_default_scope('mmpretrain')
+    rng = np.random.default_rng(0)
+    img = rng.integers(0, 256, size=(300, 400, 3), dtype=np.uint8)
+    for key, shape in (('train_dataloader', (3, 224, 224)), ('test_dataloader', (3, 224, 224))):
+        pipeline = [t for t in cfg[key].dataset.pipeline if t['type'] != 'LoadImageFromFile']
+        out = Compose(pipeline)(dict(img=img.copy(), img_shape=img.shape[:2],
+                                     ori_shape=img.shape[:2]))
+        assert tuple(out['inputs'].shape) == shape
+
+    model = _build(cfg)
+    optim_cfg = cfg.optim_wrapper.copy()
+    optim_cfg['type'] = 'OptimWrapper'  # AmpOptimWrapper needs CUDA
+    optim = build_optim_wrapper(model, optim_cfg).optimizer
+    names = {id(p): n for n, p in model.named_parameters()}
+    checked = 0
+    for group in optim.param_groups:
+        for p in group['params']:
+            expected = 0.0 if p.ndim == 1 else 0.05
+            assert group['weight_decay'] == expected, names[id(p)]
+            checked += 1
+    assert checked == len(list(model.parameters()))
+
+    epoch_len = 4
+    scheds = []
+    for s in cfg.param_scheduler:
+        s = dict(s)
+        cls = PARAM_SCHEDULERS.get(s.pop('type'))
+        s.pop('convert_to_iter_based')
+        scheds.append(cls.build_iter_from_epoch(optim, epoch_length=epoch_len, **s))
+    lrs = []
+    for _ in range(300 * epoch_len):
+        lrs.append(optim.param_groups[0]['lr'])
+        optim.step()
+        for s in scheds:
+            s.step()
+    assert lrs[0] == pytest.approx(5e-7)
+    assert max(lrs) == pytest.approx(5e-4, rel=1e-3)
+    assert lrs[5 * epoch_len] == pytest.approx(5e-4)  # the cosine starts at the peak
+    assert all(a < b for a, b in zip(lrs[:5 * epoch_len - 1], lrs[1:5 * epoch_len]))
+    assert lrs[-1] == pytest.approx(5e-6, rel=0.05)
+    assert all(a >= b for a, b in zip(lrs[5 * epoch_len:], lrs[5 * epoch_len + 1:]))

@@ -1,6 +1,6 @@
 # CPU demo: a very small PaCa-ViT classifier on the generated 4-class shapes dataset
 # (paca_mm/datasets/synthetic_cls.py; written to work_dirs/demo/data/cls on first use).
-# About a minute on 2 CPU cores:
+# 96 iterations; a few minutes on 2 CPU cores (100% val top-1 at the end in our runs):
 #   python tools/train.py configs/demo/paca_tiny_synthetic_cls.py
 #   python tools/test.py configs/demo/paca_tiny_synthetic_cls.py work_dirs/<...>/epoch_12.pth
 # Same model/head structure as the ImageNet configs, smaller widths, 64x64 inputs, no

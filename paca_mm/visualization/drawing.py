@@ -49,14 +49,16 @@ def overlay_heatmap(image: np.ndarray, heat: np.ndarray, alpha: float = 0.5,
 
 
 def put_label(img: np.ndarray, text: str, scale: Optional[float] = None,
-              colour=(255, 255, 255), bg=(0, 0, 0)) -> np.ndarray:
-    """Write ``text`` on a filled bar at the top-left of ``img`` (in place; returned)."""
+              colour=(255, 255, 255), bg=(0, 0, 0), bottom: bool = False) -> np.ndarray:
+    """Write ``text`` on a filled bar at the top-left (or bottom-left) of ``img`` (in place;
+    returned)."""
     import cv2
     scale = scale or max(0.3, min(img.shape[:2]) / 320)
     thick = 1 if scale < 0.8 else 2
     (tw, th), base = cv2.getTextSize(text, _FONT, scale, thick)
-    cv2.rectangle(img, (0, 0), (min(img.shape[1] - 1, tw + 4), th + base + 4), bg, -1)
-    cv2.putText(img, text, (2, th + 2), _FONT, scale, colour, thick, cv2.LINE_AA)
+    y0 = img.shape[0] - (th + base + 4) if bottom else 0
+    cv2.rectangle(img, (0, y0), (min(img.shape[1] - 1, tw + 4), y0 + th + base + 4), bg, -1)
+    cv2.putText(img, text, (2, y0 + th + 2), _FONT, scale, colour, thick, cv2.LINE_AA)
     return img
 
 
@@ -136,21 +138,20 @@ def group_figure(image: np.ndarray, groups, topk: int = 5, tile: int = 160) -> n
     gt = _name(names, groups.label)
     src = 'label' if groups.label_given else 'predicted'
     head = put_label(resize_tile(image, tile), f'input p={groups.base_prob:.2f}')
-    rows = [_banner(f'stage {groups.stage}, {src} class {gt}; P(class) of the unmasked '
-                    f'image {groups.base_prob:.3f}', width),
+    rows = [_banner(f'stage {groups.stage} | {src} class: {gt}', width),
             _pad_width(make_grid([head], 1), width)]
     img = image.astype(np.float32)
     for title, members in (('positive', groups.positive), ('negative', groups.negative)):
-        rows.append(_banner(f'{title} group: {len(members)} of {groups.probs.numel()} '
-                            f'clusters (top {min(topk, len(members))})', width))
+        rows.append(_banner(f'{title}: {len(members)} of {groups.probs.numel()} clusters',
+                            width))
         tiles = []
         for m in members[:topk]:
             mask = groups.masks[m].cpu().numpy().astype(np.float32)[..., None]
             masked = (img * mask).astype(np.uint8)
-            text = f'#{m} p={float(groups.probs[m]):.2f}'
+            t = put_label(resize_tile(masked, tile), f'#{m} p={float(groups.probs[m]):.2f}')
             if title == 'negative':
-                text += f' ->{_name(names, int(groups.preds[m]))}'
-            tiles.append(put_label(resize_tile(masked, tile), text))
+                put_label(t, f'pred: {_name(names, int(groups.preds[m]))}', bottom=True)
+            tiles.append(t)
         if not tiles:
             tiles = [put_label(np.full((tile, tile, 3), 255, np.uint8), '(empty)',
                                colour=(0, 0, 0), bg=(255, 255, 255))]
