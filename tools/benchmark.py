@@ -53,8 +53,9 @@ def build(name, device):
     from mmdet.registry import MODELS as DET_MODELS
     from mmdet.utils import register_all_modules
     register_all_modules(init_default_scope=False)
-    model = DET_MODELS.build(dict(MODELS[name]))
-    return model.to(device).eval()
+    model = DET_MODELS.build(dict(MODELS[name])).to(device)
+    model.eval()  # (mmdet's SwinTransformer.train() returns None: don't chain)
+    return model
 
 
 def _sync(device):
@@ -91,7 +92,7 @@ def time_forward_backward(model, x, device, amp):
         return time.perf_counter() - t
     finally:
         model.zero_grad(set_to_none=True)
-        model.eval()
+        model.eval()  # noqa
 
 
 def count_flops(model, shape, device):
