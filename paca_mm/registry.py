@@ -50,3 +50,5 @@ def register_all():
     from .utils.cpu_wrappers import CPUAmpOptimWrapper, CPUDistributedDataParallel  # tools, CPU
     _register('mmengine', 'OPTIM_WRAPPERS', CPUAmpOptimWrapper)
     _register('mmengine', 'MODEL_WRAPPERS', CPUDistributedDataParallel)
+    from .utils.rng_hook import RNGStateHook  # tools/train.py: exact --resume
+    _register('mmengine', 'HOOKS', RNGStateHook)

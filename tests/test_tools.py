@@ -235,6 +235,46 @@ def test_tool_cli_errors(tmp_path, monkeypatch):
         train_tool.parse_args([CONFIG, '--launcher', 'ssh'])
 
 
+def test_rng_state_hook_restores_on_resume_only():
+    from types import SimpleNamespace
+
+    from mmengine.logging import MMLogger
+
+    from paca_mm.utils import RNGStateHook, add_rng_state_hook
+    runner = SimpleNamespace(iter=0, logger=MMLogger.get_instance('paca_mm_test_rng'))
+    hook = RNGStateHook()
+    torch.manual_seed(123)
+    checkpoint = dict(meta=dict(iter=2))
+    hook.before_save_checkpoint(runner, checkpoint)
+    expected = torch.rand(3)  # what the interrupted run draws next
+
+    # validation in between does not move the training stream
+    torch.manual_seed(123)
+    hook.before_val(runner)
+    torch.rand(100)
+    hook.after_val(runner)
+    assert torch.equal(torch.rand(3), expected)
+
+    # resume (loop iteration set from the checkpoint): restored
+    torch.manual_seed(0)
+    hook.after_load_checkpoint(runner, checkpoint)
+    runner.iter = 2
+    hook.before_train(runner)
+    assert torch.equal(torch.rand(3), expected)
+    # load_from (training starts at iteration 0): nothing restored
+    torch.manual_seed(0)
+    reference = torch.rand(3)
+    torch.manual_seed(0)
+    hook.after_load_checkpoint(runner, checkpoint)
+    runner.iter = 0
+    hook.before_train(runner)
+    assert torch.equal(torch.rand(3), reference)
+
+    cfg = _cfg()
+    assert add_rng_state_hook(cfg) and cfg.custom_hooks == [dict(type='RNGStateHook')]
+    assert add_rng_state_hook(cfg) == [] and len(cfg.custom_hooks) == 1
+
+
 # ----------------------------------------------------------------------------- slow
 def _env():
     env = dict(os.environ, OMP_NUM_THREADS='1', MKL_NUM_THREADS='1',

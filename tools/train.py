@@ -6,7 +6,8 @@
 Same flags and semantics as the toolboxes' own tools/train.py. ``--resume`` alone resumes
 from the latest checkpoint in the work dir, ``--resume CKPT`` from that file. On a machine
 without CUDA: SyncBN -> BN, ``--amp`` -> bf16 autocast, distributed -> gloo (see
-``paca_mm/utils/runtime.py``). Multi-process: tools/dist_train.sh, tools/slurm_train.sh.
+``paca_mm/utils/runtime.py``). Checkpoints also keep the torch RNG state, so a resumed
+run continues the dropout/drop-path stream exactly (``paca_mm/utils/rng_hook.py``). Multi-process: tools/dist_train.sh, tools/slurm_train.sh.
 """
 import argparse
 import os
@@ -58,6 +59,7 @@ def main(argv=None):
     runtime.set_work_dir(cfg, args.work_dir, args.config)
     notes = runtime.apply_train_args(cfg, amp=args.amp, auto_scale_lr=args.auto_scale_lr,
                                      resume=args.resume)
+    notes += runtime.add_rng_state_hook(cfg)
     runner = runtime.build_runner(cfg)
     for note in notes:
         runner.logger.info(note)

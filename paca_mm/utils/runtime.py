@@ -347,6 +347,16 @@ def apply_train_args(cfg: Config, amp: bool = False, auto_scale_lr: bool = False
     return notes
 
 
+def add_rng_state_hook(cfg: Config) -> List[str]:
+    """Append :class:`paca_mm.utils.rng_hook.RNGStateHook` to ``cfg.custom_hooks`` (once)
+    so checkpoints carry the torch RNG state and ``--resume`` continues it exactly."""
+    hooks = list(cfg.get('custom_hooks') or [])
+    if any(h.get('type') in ('RNGStateHook', 'mmengine.RNGStateHook') for h in hooks):
+        return []
+    cfg.custom_hooks = hooks + [dict(type='RNGStateHook')]
+    return ['RNGStateHook added: checkpoints keep the torch RNG state for exact --resume']
+
+
 def _as_list(evaluator: Any) -> list:
     if evaluator is None:
         return []
