@@ -353,3 +353,17 @@ def test_mmengine_layout_with_prefixes(tmp_path):
     assert not any(report[k] for k in ('missing', 'unexpected', 'mismatched', 'reinit'))
     for k, v in src.state_dict().items():
         assert torch.equal(dst.state_dict()[k], v)
+
+
+def test_smoke_demo_runs(capsys):
+    import runpy
+    import sys
+    argv = sys.argv
+    sys.argv = ['smoke_demo.py', '--sizes', '64x96', '33x47']
+    try:
+        runpy.run_path('tools/smoke_demo.py', run_name='__main__')
+    finally:
+        sys.argv = argv
+    out = capsys.readouterr().out
+    assert '11.816 M parameters' in out
+    assert 'input 64x96' in out and '(1, 384, 2, 3)' in out

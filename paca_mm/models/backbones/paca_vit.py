@@ -161,11 +161,13 @@ class PaCaBlock(nn.Module):
         a, z, logits = self.attn(self.norm1_before(x), hw, z)
         if self.gamma1 is not None:
             a = self.gamma1 * a
-        x = x + self.drop_path(a)
+        # The branch outputs are fresh tensors no backward needs: add the residual in place
+        # (saves a full-size allocation per add).
+        x = self.drop_path(a).add_(x)
         f = self.mlp(self.norm2_before(x), hw)
         if self.gamma2 is not None:
             f = self.gamma2 * f
-        return x + self.drop_path(f), z, logits
+        return self.drop_path(f).add_(x), z, logits
 
 
 def _per_stage(value, num_stages: int, name: str, cast=int) -> List:
