@@ -361,7 +361,9 @@ def test_smoke_demo_runs(capsys):
     argv = sys.argv
     sys.argv = ['smoke_demo.py', '--sizes', '64x96', '33x47']
     try:
-        runpy.run_path('tools/smoke_demo.py', run_name='__main__')
+        import os.path as osp
+        root = osp.dirname(osp.dirname(osp.abspath(__file__)))
+        runpy.run_path(osp.join(root, 'tools', 'smoke_demo.py'), run_name='__main__')
     finally:
         sys.argv = argv
     out = capsys.readouterr().out
