@@ -1,0 +1,9 @@
+# PaCa-Small ablation, clusters 100 x 4 Mask R-CNN + FPN,
+# COCO, 1x, multi-scale 480-800; the recipe is the tiny config's.
+# Published (paper Table 4): 42.0M params, 294 GFLOPs, APb 46.4, APm 41.8.
+_base_ = './mask_rcnn_pacavit_tiny_p2cconv_100_0_mstrain_480_800_1x_coco.py'
+model = dict(
+    backbone=dict(
+        arch='pacavit_small_p2cconv_100',
+        init_cfg=dict(checkpoint='checkpoints/IMNET_224_pacavit_small_p2cconv_100.pth')),
+    neck=dict(in_channels=[96, 192, 320, 384]))

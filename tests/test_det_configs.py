@@ -1,0 +1,167 @@
+"""Detection configs: every Mask R-CNN config loads, follows the recipe of spec 7.2, and its
+detector builds and runs (tensor mode; loss mode for two of them) on a tiny CPU input."""
+import copy
+import glob
+import os.path as osp
+
+import pytest
+import torch
+from mmengine.config import Config
+
+import paca_mm  # noqa: F401
+from paca_mm.models.backbones.paca_vit import PRESETS, resolve_preset
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+DET_CONFIGS = sorted(glob.glob(osp.join(ROOT, 'configs', 'mask_rcnn', '*.py')))
+DEMO_CONFIG = osp.join(ROOT, 'configs', 'demo', 'mask_rcnn_tiny_synthetic_coco.py')
+# the models of paper Tables 2 and 4
+EXPECTED = {
+    'pacavit_tiny_p2cconv_100_0', 'pacavit_small_p2cconv_100_0', 'pacavit_base_p2cconv_100_0',
+    'pacavit_small_p2cmlp_100_0', 'pacavit_convmixer_small_100', 'pacavit_convmixer_base_100',
+    'pacavit_small_p2cconv_2_0', 'pacavit_small_p2cconv_49_0', 'pacavit_small_p2cconv_49_100',
+    'pacavit_small_p2cconv_100_49', 'pacavit_small_p2cconv_100',
+    'pacavit_small_p2cconv_100_blockwise'}
+
+
+def _name(path):
+    return osp.basename(path)[len('mask_rcnn_'):-len('_mstrain_480_800_1x_coco.py')]
+
+
+def _build(cfg, init=False):
+    """The config's detector without its checkpoint, with few proposals (fast on a CPU)."""
+    from mmdet.registry import MODELS
+    from mmengine.registry import init_default_scope
+    init_default_scope('mmdet')
+    model_cfg = copy.deepcopy(cfg.model)
+    model_cfg.backbone.pop('init_cfg', None)  # no checkpoint download in tests
+    model_cfg.train_cfg.rpn_proposal.update(nms_pre=64, max_per_img=16)
+    model_cfg.train_cfg.rcnn.sampler.num = 8
+    model_cfg.test_cfg.rpn.update(nms_pre=32, max_per_img=1)
+    torch.manual_seed(0)
+    model = MODELS.build(model_cfg)
+    if init:
+        model.init_weights()
+    return model
+
+
+def test_every_table_model_has_a_config():
+    assert {_name(p) for p in DET_CONFIGS} == EXPECTED
+
+
+@pytest.mark.parametrize('path', DET_CONFIGS, ids=_name)
+def test_recipe(path):
+    cfg = Config.fromfile(path)
+    name = _name(path)
+    assert name in PRESETS
+    assert cfg.default_scope == 'mmdet'
+    assert cfg.custom_imports == dict(imports=['paca_mm'], allow_failed_imports=False)
+    bb = cfg.model.backbone
+    assert bb.type == 'PaCaViT' and bb.arch == name
+    assert bb.drop_path_rate == 0.1  # 0.1 for every model, base included
+    assert 'num_clusters' not in bb  # ImageNet cluster counts kept
+    assert bb.init_cfg == dict(type='Pretrained',
+                               checkpoint=f'checkpoints/IMNET_224_{name}.pth')
+    assert list(cfg.model.neck.in_channels) == list(resolve_preset(name)['embed_dims'])
+    assert cfg.model.roi_head.bbox_head.num_classes == 80
+    # schedule: AdamW 1e-4 / 0.05, no decay on norms, 12 epochs, steps at 8 and 11
+    opt = cfg.optim_wrapper
+    assert opt.optimizer == dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.05)
+    assert opt.paramwise_cfg.custom_keys == {'norm': dict(decay_mult=0.)}
+    assert cfg.train_cfg.max_epochs == 12
+    assert cfg.param_scheduler[1].milestones == [8, 11]
+    assert cfg.auto_scale_lr.base_batch_size == 16
+    # data: batch 2 per GPU, DETR-style multi-scale 480-800, COCO bbox + segm
+    assert cfg.train_dataloader.batch_size == 2
+    pipeline = cfg.train_dataloader.dataset.pipeline
+    choice = [t for t in pipeline if t.type == 'RandomChoice'][0]
+    branch_a, branch_b = choice.transforms
+    short_sides = [s[0] for s in branch_a[0].scales]
+    assert short_sides == list(range(480, 801, 32))
+    assert [t.type for t in branch_b] == ['RandomChoiceResize', 'RandomCrop',
+                                         'RandomChoiceResize']
+    assert branch_b[1].crop_size == (384, 600)
+    assert cfg.train_dataloader.dataset.ann_file.endswith('instances_train2017.json')
+    assert cfg.val_dataloader.dataset.ann_file.endswith('instances_val2017.json')
+    assert cfg.val_evaluator.type == 'CocoMetric'
+    assert cfg.val_evaluator.metric == ['bbox', 'segm']
+
+
+def _demo_inputs(model, size=64, num_items=2, num_classes=80):
+    from mmdet.testing import demo_mm_inputs
+    packed = demo_mm_inputs(2, [[3, size, size]] * 2, num_items=[num_items] * 2,
+                            with_mask=True, num_classes=num_classes)
+    return model.data_preprocessor(packed, True)
+
+
+@pytest.mark.parametrize('path', DET_CONFIGS, ids=_name)
+def test_build_and_forward(path):
+    cfg = Config.fromfile(path)
+    model = _build(cfg)
+    dims = resolve_preset(_name(path))['embed_dims']
+    assert model.backbone.embed_dims == list(dims)
+    model.eval()
+    data = _demo_inputs(model, size=32)
+    with torch.no_grad():
+        feats = model.extract_feat(data['inputs'])
+        out = model(**data, mode='tensor')
+    assert [f.shape[1] for f in feats] == [256] * 5
+    assert [f.shape[-1] for f in feats] == [8, 4, 2, 1, 1]
+    cls_score, bbox_pred, mask_pred = out[-1]
+    num_rois = cls_score.shape[0]
+    assert num_rois == 2 and cls_score.shape == (num_rois, 81)  # 1 proposal per image
+    assert bbox_pred.shape == (num_rois, 320)
+    assert mask_pred.shape == (min(num_rois, 100), 80, 28, 28)
+    assert all(torch.isfinite(t).all() for t in (cls_score, bbox_pred, mask_pred))
+
+
+@pytest.mark.parametrize('name', ['pacavit_tiny_p2cconv_100_0', 'pacavit_convmixer_small_100'])
+def test_loss_and_backward(name):
+    path = osp.join(ROOT, 'configs', 'mask_rcnn', f'mask_rcnn_{name}_mstrain_480_800_1x_coco.py')
+    model = _build(Config.fromfile(path), init=True)
+    model.train()
+    data = _demo_inputs(model, size=64, num_items=1)
+    losses = model(**data, mode='loss')
+    for key in ('loss_rpn_cls', 'loss_rpn_bbox', 'loss_cls', 'loss_bbox', 'loss_mask'):
+        assert key in losses, sorted(losses)
+    total, _ = model.parse_losses(losses)
+    assert torch.isfinite(total)
+    total.backward()
+    grad = model.backbone.stage1[0].attn.q.weight.grad
+    assert grad is not None and grad.abs().sum() > 0
+
+
+def test_demo_config():
+    from paca_mm.datasets.synthetic_coco import CLASSES
+    cfg = Config.fromfile(DEMO_CONFIG)
+    assert tuple(cfg.classes) == CLASSES
+    assert cfg.model.backbone.arch == 'pacavit_tiny_p2cconv_100_0'
+    assert 'init_cfg' not in cfg.model.backbone  # trained from scratch
+    assert cfg.model.roi_head.bbox_head.num_classes == len(CLASSES)
+    assert cfg.model.roi_head.mask_head.num_classes == len(CLASSES)
+    assert cfg.test_evaluator.metric == ['bbox', 'segm']
+    model = _build(cfg).eval()
+    data = _demo_inputs(model, num_classes=len(CLASSES))
+    with torch.no_grad():
+        preds = model(**data, mode='predict')
+    assert len(preds) == 2 and hasattr(preds[0].pred_instances, 'masks')
+
+
+def test_pretrained_checkpoint_is_loaded_in_init_weights(tmp_path):
+    """The backbone's init_cfg checkpoint survives the detector's init_weights (spec 5.2)."""
+    from paca_mm.models.backbones import PaCaViT
+    path = osp.join(ROOT, 'configs', 'mask_rcnn',
+                    'mask_rcnn_pacavit_tiny_p2cconv_100_0_mstrain_480_800_1x_coco.py')
+    cfg = Config.fromfile(path)
+    torch.manual_seed(1)
+    ref = PaCaViT('pacavit_tiny_p2cconv_100_0')
+    ref.init_weights()
+    ckpt = tmp_path / 'IMNET_224_pacavit_tiny_p2cconv_100_0.pth'
+    torch.save(ref.state_dict(), ckpt)  # the official release layout
+    cfg.model.backbone.init_cfg.checkpoint = str(ckpt)
+    from mmdet.registry import MODELS
+    from mmengine.registry import init_default_scope
+    init_default_scope('mmdet')
+    model = MODELS.build(cfg.model)
+    model.init_weights()
+    for key, value in ref.state_dict().items():
+        assert torch.equal(model.backbone.state_dict()[key], value), key
