@@ -193,6 +193,20 @@ def test_heatmaps_for_segmentor(tmp_path):
         tool.main([SEG_CFG, 'none', img, '--groups'])
 
 
+def test_heatmaps_for_detector(tmp_path):
+    pytest.importorskip('mmdet')
+    from paca_mm.visualization.inference import load_image
+    model = build_model(osp.join(ROOT, 'tests', 'data', 'image_demo_tiny_mask_rcnn.py'), None)
+    img = str(tmp_path / 'img.png')
+    cv2.imwrite(img, _raw(64, 96, 4).permute(1, 2, 0).numpy().astype(np.uint8))
+    raw = load_image(model.cfg, img)  # mmdet Resize(128, 128, keep_ratio): 85x128
+    assert raw.shape == (3, 85, 128)
+    out = explain_image(model, raw, str(tmp_path / 'det'), stage=2, per_cluster=False,
+                        tile=32)
+    assert out['logits'].shape == (8, 11, 16)
+    _check_png(out['heatmaps'], (3 * 34 + 2, 3 * 34 + 2))  # input + 8 maps: 3 x 3 grid
+
+
 def test_cluster_vis_hook_in_a_short_run(tmp_path):
     from mmengine.runner import Runner
     img = str(tmp_path / 'img.png')

@@ -65,6 +65,7 @@ model = dict(
             conv_out_channels=ch,
             num_classes=len(classes),
             loss_mask=dict(type='CrossEntropyLoss', use_mask=True, loss_weight=1.0))),
+    train_cfg=None,  # inference only
     test_cfg=dict(
         rpn=dict(nms_pre=300, max_per_img=100, nms=dict(type='nms', iou_threshold=0.7),
                  min_bbox_size=0),
