@@ -357,3 +357,14 @@ def test_dist_train_two_cpu_processes(tmp_path, tiny_data):
     # the 2 validation images are split over the 2 ranks: one batch each
     assert re.search(r'Iter\(val\) \[1/1\]', out)
     assert (work / 'iter_3.pth').is_file() and (work / 'last_checkpoint').is_file()
+
+    # dist_test.sh on that checkpoint: 2 ranks, results gathered on rank 0
+    env['PORT'] = str(_free_port())
+    cmd = ['bash', osp.join(ROOT, 'tools', 'dist_test.sh'), CONFIG, str(work / 'iter_3.pth'),
+           '2', '--work-dir', str(tmp_path / 'test')] + _data_options(tiny_data)
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert '[paca_mm] rank 1/2 ready (backend gloo)' in out
+    assert re.search(r'Iter\(test\) \[1/1\].*mIoU: [0-9.]+', out), out[-3000:]

@@ -12,11 +12,13 @@ different dropout / drop-path masks than the interrupted run would have. This ho
   during training leaves the training stream unchanged (a DataLoader draws its base seed
   from the global torch RNG each time a validation epoch starts).
 
-numpy / python ``random`` are deliberately not restored: mmengine replays the data
-pipeline of the skipped iterations when it resumes (``Advance dataloader N steps``), which
-reproduces the data augmentation from the seed (in the main process or in the
-deterministically seeded workers). Pipelines that draw from the *torch* RNG in the main
-process (``num_workers=0``) are therefore not reproduced exactly.
+numpy / python ``random`` are deliberately not restored: for iteration-based loops
+mmengine replays the data pipeline of the skipped iterations when it resumes (``Advance
+dataloader N steps``), which reproduces the data augmentation from the seed (in the main
+process or in the deterministically seeded workers); restoring them would break that
+replay. Not reproduced exactly: pipelines that draw from the *torch* RNG in the main
+process (``num_workers=0``), and main-process numpy augmentation after an epoch-based
+resume (no replay there).
 """
 from typing import Optional
 
