@@ -235,6 +235,46 @@ def test_tool_cli_errors(tmp_path, monkeypatch):
         train_tool.parse_args([CONFIG, '--launcher', 'ssh'])
 
 
+@pytest.mark.parametrize('launcher,env,expected', [
+    ('pytorch', dict(RANK='1', WORLD_SIZE='2', LOCAL_RANK='1', MASTER_ADDR='127.0.0.1',
+                     MASTER_PORT='29512'), (1, 2, '1', '29512')),
+    ('slurm', dict(SLURM_PROCID='3', SLURM_NTASKS='4', SLURM_LOCALID='1',
+                   SLURM_NODELIST='node1', MASTER_ADDR='node1'), (3, 4, '1', '29500')),
+    ('mpi', dict(OMPI_COMM_WORLD_RANK='2', OMPI_COMM_WORLD_SIZE='3',
+                 OMPI_COMM_WORLD_LOCAL_RANK='0', MASTER_ADDR='10.0.0.1'), (2, 3, '0', '29500')),
+])
+def test_init_cpu_distributed_reads_launcher_env(monkeypatch, launcher, env, expected):
+    import paca_mm.utils.runtime as rt
+    for key in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT'):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    calls = []
+    monkeypatch.setattr(rt.torch.cuda, 'is_available', lambda: False)
+    monkeypatch.setattr(rt.torch_dist, 'is_initialized', lambda: False)
+    monkeypatch.setattr(rt.torch_dist, 'init_process_group', lambda **kw: calls.append(kw))
+    assert rt.init_cpu_distributed(launcher, dict(backend='nccl', timeout=60))
+    (kwargs, ) = calls
+    rank, world_size, local_rank, port = expected
+    assert kwargs['backend'] == 'gloo' and kwargs['init_method'] == 'env://'
+    assert (kwargs['rank'], kwargs['world_size']) == (rank, world_size)
+    assert kwargs['timeout'].total_seconds() == 60
+    assert os.environ['RANK'] == str(rank) and os.environ['LOCAL_RANK'] == local_rank
+    assert os.environ['MASTER_PORT'] == port
+    assert not rt.init_cpu_distributed('none')
+
+
+def test_init_cpu_distributed_missing_env(monkeypatch):
+    import paca_mm.utils.runtime as rt
+    monkeypatch.setattr(rt.torch.cuda, 'is_available', lambda: False)
+    monkeypatch.setattr(rt.torch_dist, 'is_initialized', lambda: False)
+    monkeypatch.delenv('RANK', raising=False)
+    with pytest.raises(KeyError, match='RANK.*torchrun'):
+        rt.init_cpu_distributed('pytorch')
+    with pytest.raises(ValueError, match='launcher'):
+        rt.init_cpu_distributed('ssh')
+
+
 def test_rng_state_hook_restores_on_resume_only():
     from types import SimpleNamespace
 
