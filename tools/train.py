@@ -7,7 +7,8 @@ Same flags and semantics as the toolboxes' own tools/train.py. ``--resume`` alon
 from the latest checkpoint in the work dir, ``--resume CKPT`` from that file. On a machine
 without CUDA: SyncBN -> BN, ``--amp`` -> bf16 autocast, distributed -> gloo (see
 ``paca_mm/utils/runtime.py``). Checkpoints also keep the torch RNG state, so a resumed
-run continues the dropout/drop-path stream exactly (``paca_mm/utils/rng_hook.py``). Multi-process: tools/dist_train.sh, tools/slurm_train.sh.
+run continues the dropout/drop-path stream exactly (``paca_mm/utils/rng_hook.py``).
+Multi-process: tools/dist_train.sh, tools/slurm_train.sh.
 """
 import argparse
 import os
