@@ -25,7 +25,7 @@ import os
 import os.path as osp
 import shutil
 import tempfile
-from typing import List, Optional
+from typing import List
 
 import numpy as np
 
