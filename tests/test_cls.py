@@ -300,3 +300,35 @@ def test_imagenet_pipelines_optimizer_and_schedule():
     assert all(a < b for a, b in zip(lrs[:5 * epoch_len - 1], lrs[1:5 * epoch_len]))
     assert lrs[-1] == pytest.approx(5e-6, rel=0.05)
     assert all(a >= b for a, b in zip(lrs[5 * epoch_len:], lrs[5 * epoch_len + 1:]))
+
+
+@pytest.mark.slow
+def test_imagenet_recipe_runs_through_the_runner(tmp_path):
+    """One iteration of the full ImageNet recipe (RandAugment, random erasing, mixup/cutmix,
+    label smoothing, AMP -> bf16 on CPU, auto-scaled lr) on 4 generated 224 crops."""
+    data_root = str(tmp_path / 'data')
+    generate_synthetic_cls(data_root, num_classes=4, train_per_class=1, val_per_class=1,
+                           img_size=96)
+    cfg_file = tmp_path / 'in1k_smoke.py'
+    base = osp.join(IMNET_DIR, 'pacavit_tiny_p2cconv_100_0_8xb128_in1k.py')
+    cfg_file.write_text(f"""_base_ = [{base!r}]
+_ds = dict(_delete_=True, type='CustomDataset', data_root={data_root!r})
+train_dataloader = dict(batch_size=4, num_workers=0, persistent_workers=False,
+                        dataset=dict(**_ds, data_prefix='train',
+                                     pipeline={{{{_base_.train_pipeline}}}}))
+val_dataloader = dict(batch_size=4, num_workers=0, persistent_workers=False,
+                      dataset=dict(**_ds, data_prefix='val',
+                                   pipeline={{{{_base_.test_pipeline}}}}))
+test_dataloader = val_dataloader
+train_cfg = dict(max_epochs=1)
+default_hooks = dict(logger=dict(interval=1))
+""")
+    work_dir = str(tmp_path / 'work')
+    out = _run_tool([osp.join(ROOT, 'tools', 'train.py'), str(cfg_file), '--work-dir',
+                     work_dir], cwd=str(tmp_path))
+    # warm-up start lr 5e-7 at batch 512, scaled to the real batch 4
+    assert f'lr: {5e-7 * 4 / 512:.4e}' in out
+    loss = [float(line.split('loss: ')[1].split()[0]) for line in out.splitlines()
+            if 'Epoch(train)' in line and 'loss: ' in line]
+    assert len(loss) == 1 and np.isfinite(loss[0])
+    assert 'accuracy/top1' in out and osp.isfile(osp.join(work_dir, 'epoch_1.pth'))
