@@ -103,9 +103,10 @@ def run(work_dir: str = osp.join('work_dirs', 'demo', 'seg'), iters: Optional[in
         timeout: seconds allowed per tool run (None = no limit).
 
     Returns:
-        dict with ``mIoU``, ``aAcc``, ``mAcc``, ``per_class_iou`` (all in %),
-        ``chance_mIoU`` (predicting the majority class everywhere), ``iters``, timings and
-        the ``config``, ``checkpoint``, ``work_dir``, ``data_root`` paths.
+        dict with ``metrics`` (``mIoU``, ``mAcc``, ``aAcc`` and ``chance_mIoU``, the mIoU
+        of predicting the majority class everywhere; all in %), ``per_class_iou`` (%),
+        ``class_frequencies``, ``iters``, ``train_time_s``, ``test_time_s`` and ``paths``
+        (``config``, ``checkpoint``, ``work_dir``, ``data_root``, the two tool logs).
     """
     work_dir = osp.abspath(work_dir)
     data_root = osp.abspath(data_root)
@@ -137,19 +138,20 @@ def run(work_dir: str = osp.join('work_dirs', 'demo', 'seg'), iters: Optional[in
     test_time = _run_tool(['tools/test.py', config, checkpoint, '--work-dir', test_dir,
                            '--cfg-options'] + data_opts,
                           osp.join(work_dir, 'test.log'), timeout)
-    result = parse_test_metrics(test_dir)
+    parsed = parse_test_metrics(test_dir)
     freqs = class_frequencies(data_root, 'validation')
-    result.update(
+    result = dict(
         task='seg',
-        chance_mIoU=100.0 * max(freqs.values()) / len(CLASSES),
+        metrics=dict(mIoU=parsed['mIoU'], mAcc=parsed.get('mAcc'), aAcc=parsed.get('aAcc'),
+                     chance_mIoU=100.0 * max(freqs.values()) / len(CLASSES)),
+        per_class_iou=parsed['per_class_iou'],
         class_frequencies=freqs,
         iters=iters if iters is not None else _config_iters(config),
         train_time_s=round(train_time, 1),
         test_time_s=round(test_time, 1),
-        config=config,
-        checkpoint=checkpoint,
-        work_dir=work_dir,
-        data_root=data_root)
+        paths=dict(config=config, checkpoint=checkpoint, work_dir=work_dir,
+                   data_root=data_root, train_log=osp.join(work_dir, 'train.log'),
+                   test_log=osp.join(work_dir, 'test.log')))
     with open(osp.join(work_dir, 'results.json'), 'w') as f:
         json.dump(result, f, indent=1)
     return result
