@@ -63,6 +63,8 @@ def load_model_weights(model: nn.Module, checkpoint: str, scope: str) -> dict:
 
     from ..checkpoint import (convert_official_to_classifier, load_backbone_checkpoint,
                               load_checkpoint_file)
+    from ..utils.runtime import allow_mmengine_checkpoint_globals
+    allow_mmengine_checkpoint_globals()  # Runner checkpoints load weights-only (torch>=2.6)
     ckpt = load_checkpoint_file(checkpoint)
     sd = _state_dict_of(ckpt)
     official = not any(k.startswith('backbone.') for k in sd) and \
