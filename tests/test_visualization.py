@@ -236,3 +236,18 @@ def test_cluster_vis_hook_in_a_short_run(tmp_path):
                                           '*.png')))
     assert [osp.basename(f) for f in vis_files] == ['cluster_heatmaps_stage2_1.png',
                                                     'cluster_heatmaps_stage2_2.png']
+
+
+@pytest.mark.parametrize('cfg', [CLS_CFG, osp.join(ROOT, 'tests', 'data',
+                                                    'image_demo_tiny_mask_rcnn.py')],
+                         ids=['mmpretrain', 'mmdet'])
+def test_normalize_inputs_matches_the_data_preprocessor(cfg):
+    from paca_mm.visualization import normalize_inputs
+    model = build_model(cfg, None)
+    raw = _raw(40, 56, 7)
+    ours = normalize_inputs(model, raw[None])
+    theirs = model.data_preprocessor(dict(inputs=[raw.to(torch.uint8)], data_samples=None),
+                                     False)['inputs']
+    # mmdet pads to a multiple of 32: compare the image area
+    torch.testing.assert_close(ours, theirs[..., :40, :56])
+    assert not torch.allclose(ours, raw[None])  # something was done
