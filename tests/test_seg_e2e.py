@@ -37,7 +37,7 @@ MIN_MIOU, MIN_CLASS_IOU = 40.0, 15.0
 def test_seg_demo_beats_chance(tmp_path):
     result = run(work_dir=str(tmp_path / 'seg'), iters=ITERS,
                  data_root=str(tmp_path / 'data'), num_train=NUM_TRAIN, num_val=NUM_VAL,
-                 img_size=IMG_SIZE, timeout=600)
+                 img_size=IMG_SIZE, timeout=600, threads=1)
     print(json.dumps({k: result[k] for k in ('metrics', 'per_class_iou', 'train_time_s',
                                              'test_time_s')}))
     metrics = result['metrics']
