@@ -178,8 +178,8 @@ def _dilate(mask: np.ndarray, r: int = 2) -> np.ndarray:
 
 
 def generate_synthetic_coco(root: str, num_train: int = 64, num_val: int = 16,
-                            image_size: Sequence[int] = (128, 192), max_objects: int = 4,
-                            object_size: Sequence[int] = (20, 72), seed: int = 0,
+                            image_size: Sequence[int] = (96, 144), max_objects: int = 4,
+                            object_size: Sequence[int] = (20, 64), seed: int = 0,
                             force: bool = False) -> Dict[str, str]:
     """Write (or reuse) the synthetic dataset under ``root``.
 
