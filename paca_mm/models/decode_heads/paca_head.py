@@ -182,8 +182,10 @@ class PaCaHead(BaseDecodeHead):
             raise TypeError('PaCaHead expects a list/tuple of backbone feature maps, got '
                             f'{type(inputs).__name__}')
         if max(self.in_index) >= len(inputs) or min(self.in_index) < -len(inputs):
-            raise ValueError(f'PaCaHead: in_index {self.in_index} does not fit the '
-                             f'{len(inputs)} backbone outputs')
+            raise ValueError(f'PaCaHead: in_channels {self.in_channels} / in_index '
+                             f'{self.in_index} ask for {len(self.in_index)} levels up to '
+                             f'index {max(self.in_index)}, but the backbone returned '
+                             f'{len(inputs)} outputs')
         for idx, c in zip(self.in_index, self.in_channels):
             x = inputs[idx]
             if x.dim() != 4 or x.shape[1] != c:
