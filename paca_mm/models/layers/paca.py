@@ -122,6 +122,13 @@ class PaCaAttention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
+    @staticmethod
+    def _fused(x: torch.Tensor, *linears: nn.Linear) -> torch.Tensor:
+        """``cat([l(x) for l in linears], -1)`` as one GEMM (the separate q/k/v Linear
+        modules are kept so checkpoint keys match the official ones)."""
+        return F.linear(x, torch.cat([m.weight for m in linears]),
+                        torch.cat([m.bias for m in linears]))
+
     @property
     def owns_clustering(self) -> bool:
         return hasattr(self, 'clustering')
@@ -142,13 +149,15 @@ class PaCaAttention(nn.Module):
             elif z is None:
                 raise RuntimeError('this PaCa layer has no clustering module and was not '
                                    'given a cluster assignment z')
-            kv = self.cluster_norm(torch.matmul(z.to(x.dtype), x))  # (B, M, C)
-        else:
-            kv = x
+            c = self.cluster_norm(torch.matmul(z.to(x.dtype), x))  # (B, M, C)
+            q = self.q(x)
+            k, v = self._fused(c, self.k, self.v).chunk(2, dim=-1)  # one GEMM for K and V
+        else:  # plain MHSA: one GEMM for Q, K and V
+            q, k, v = self._fused(x, self.q, self.k, self.v).chunk(3, dim=-1)
         h = self.num_heads
-        q = self.q(x).view(B, N, h, C // h).transpose(1, 2)
-        k = self.k(kv).view(B, -1, h, C // h).transpose(1, 2)
-        v = self.v(kv).view(B, -1, h, C // h).transpose(1, 2)
+        q = q.view(B, N, h, C // h).transpose(1, 2)
+        k = k.reshape(B, -1, h, C // h).transpose(1, 2)
+        v = v.reshape(B, -1, h, C // h).transpose(1, 2)
         out = F.scaled_dot_product_attention(
             q, k, v, dropout_p=self.attn_drop if self.training else 0.)
         out = self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))
