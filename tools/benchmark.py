@@ -96,12 +96,22 @@ def time_forward_backward(model, x, device, amp):
 
 
 def count_flops(model, shape, device):
-    """fvcore-style MACs of one forward, or None if the analyzer is unavailable."""
+    """fvcore-style MACs of one forward (attention products included)."""
+    from paca_mm.utils.flops import count
+    return count(model, (torch.randn(1, 3, *shape, device=device), ))['flops']
+
+
+def _peak_rss_mb():
+    """This process's peak RSS. VmHWM belongs to the current address space; ru_maxrss would
+    also carry the parent's peak across fork + exec on Linux."""
     try:
-        from paca_mm.utils.flops import count_macs
-    except ImportError:
-        return None
-    return count_macs(model, torch.randn(1, 3, *shape, device=device))
+        with open('/proc/self/status') as f:
+            for line in f:
+                if line.startswith('VmHWM:'):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def memory_worker(name, size, device, amp):
@@ -116,11 +126,10 @@ def memory_worker(name, size, device, amp):
             model(x)
         torch.cuda.synchronize()
         return (torch.cuda.max_memory_allocated() - base) / 2**20
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = _peak_rss_mb()
     with torch.inference_mode(), _autocast(device, amp):
         model(x)
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return (after - before) / 1024  # ru_maxrss is in KiB on Linux
+    return _peak_rss_mb() - before
 
 
 def measure_memory(name, size, args):
