@@ -37,6 +37,7 @@ def test_bad_config(kwargs, match):
     (torch.randn(3, 32, 32), r'expects a 4-D \(B, C, H, W\) tensor, got \(3, 32, 32\)'),
     (torch.randn(1, 1, 32, 32), 'built with in_channels=3 but the input has 1 channels'),
     ([1, 2], 'expects a 4-D'),
+    (torch.randn(1, 3, 0, 32), r'empty image \(1, 3, 0, 32\): H and W must be >= 1'),
 ])
 def test_bad_input(x, match):
     model = PaCaViT(arch=ARCH)

@@ -385,6 +385,9 @@ class PaCaViT(BaseModule):
         if not torch.is_tensor(x) or x.dim() != 4:
             shape = tuple(x.shape) if torch.is_tensor(x) else type(x).__name__
             raise ValueError(f'PaCaViT expects a 4-D (B, C, H, W) tensor, got {shape}')
+        if x.shape[2] < 1 or x.shape[3] < 1:
+            raise ValueError(f'PaCaViT got an empty image {tuple(x.shape)}: H and W must be >= 1 '
+                             '(any size >= 1x1 works; odd sizes are handled by the strided convs)')
         if x.shape[1] != self.in_channels:
             raise ValueError(f'PaCaViT was built with in_channels={self.in_channels} but the '
                              f'input has {x.shape[1]} channels (shape {tuple(x.shape)})')
