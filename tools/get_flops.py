@@ -378,8 +378,11 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    torch.set_grad_enabled(False)
+    with torch.no_grad():  # scoped: main() is also called in-process by the tests
+        return _main(parse_args(argv))
+
+
+def _main(args):
     if args.markdown:
         text = markdown(args.sections, log=lambda s: print(s, file=sys.stderr, flush=True))
         if args.out:
