@@ -55,24 +55,50 @@ def test_rle_roundtrip_matches_pycocotools():
     assert np.array_equal(mask_utils.decode(compressed).astype(bool), mask)
 
 
+def test_demo_roi_features_do_not_depend_on_memory_format():
+    """PaCaViT returns channels_last maps (so does the FPN on top); mmcv's own RoIAlign op
+    reads them as if NCHW-contiguous and returns wrong RoI features. The demo config's RoI
+    extractors must give the same features for both layouts."""
+    import torch
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+
+    import paca_mm  # noqa: F401
+    from mmdet.registry import MODELS
+    cfg = Config.fromfile(osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))),
+                                   'configs', 'demo', 'mask_rcnn_tiny_synthetic_coco.py'))
+    init_default_scope('mmdet')
+    torch.manual_seed(0)
+    width = cfg.model.neck.out_channels
+    feats = tuple(torch.randn(1, width, 32 // 2**i, 32 // 2**i) for i in range(4))
+    rois = torch.tensor([[0., 3., 5., 60., 50.], [0., 10., 12., 110., 120.]])
+    for name in ('bbox_roi_extractor', 'mask_roi_extractor'):
+        extractor = MODELS.build(cfg.model.roi_head[name])
+        ref = extractor(feats, rois)
+        out = extractor(tuple(f.contiguous(memory_format=torch.channels_last) for f in feats),
+                        rois)
+        torch.testing.assert_close(out, ref, msg=name)
+
+
 @pytest.mark.slow
-@pytest.mark.skip(reason='OPEN: in 60-300 CPU iterations the from-scratch demo detector does '
-                  'not yet reach a bbox/segm AP clearly above the untrained one (measured '
-                  'AP50 0.0-1.7 %); the demo recipe needs more tuning (see the helper report)')
 def test_demo_trains_and_beats_untrained(tmp_path):
+    """A shortened `make demo` detection run (tools/train.py + tools/test.py, ~2 min on
+    2 cores) gives COCO bbox and segm AP clearly above the untrained detector's."""
     from paca_mm.demo import det
-    res = det.run(str(tmp_path / 'det'), iters=60, data_root=str(tmp_path / 'data'),
-                  num_train=48, num_val=12, baseline=True, threads=1, timeout=900)
+    res = det.run(str(tmp_path / 'det'), iters=150, data_root=str(tmp_path / 'data'),
+                  num_train=120, num_val=24, baseline=True, threads=2, timeout=600)
     trained, untrained = res['metrics'], res['metrics_untrained']
     print('trained', trained, '\nuntrained', untrained, '\ntimes', res['train_time_s'],
           res['test_time_s'])
     assert osp.isfile(res['paths']['checkpoint'])
+    assert res['iters'] == 150
     for key in ('bbox_AP', 'bbox_AP50', 'segm_AP', 'segm_AP50'):
-        assert 0.0 <= trained[key] <= 100.0
+        assert 0.0 <= trained[key] <= 100.0 and 0.0 <= untrained[key] <= 100.0
     # clearly better than the randomly initialised detector, boxes and masks
-    assert trained['bbox_AP50'] >= untrained['bbox_AP50'] + 5.0
-    assert trained['segm_AP50'] >= untrained['segm_AP50'] + 5.0
-    assert trained['bbox_AP'] > untrained['bbox_AP']
+    assert trained['bbox_AP50'] >= untrained['bbox_AP50'] + 8.0, (trained, untrained)
+    assert trained['segm_AP50'] >= untrained['segm_AP50'] + 8.0, (trained, untrained)
+    assert trained['bbox_AP'] >= untrained['bbox_AP'] + 2.0, (trained, untrained)
+    assert trained['segm_AP'] >= untrained['segm_AP'] + 2.0, (trained, untrained)
 
 
 @pytest.mark.slow

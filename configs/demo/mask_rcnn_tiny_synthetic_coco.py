@@ -18,22 +18,24 @@ max_iters = 300
 # NOTE: with this budget the from-scratch detector does not yet reach a useful AP (open).
 width = 64  # FPN / RoI feature channels
 
+gn = dict(type='GN', num_groups=16, requires_grad=True)
 model = dict(
     backbone=dict(arch='pacavit_tiny_p2cconv_100_0', drop_path_rate=0.0),
-    neck=dict(in_channels=[96, 192, 320, 384], out_channels=width),
-    rpn_head=dict(in_channels=width, feat_channels=width,
-                  anchor_generator=dict(scales=[4])),  # 16 px anchors on P2: small shapes
+    neck=dict(in_channels=[96, 192, 320, 384], out_channels=width, norm_cfg=gn),
+    rpn_head=dict(in_channels=width, feat_channels=width),
     roi_head=dict(
-        bbox_roi_extractor=dict(out_channels=width),
-        bbox_head=dict(in_channels=width, fc_out_channels=256, num_classes=len(classes)),
-        mask_roi_extractor=dict(out_channels=width),
+        bbox_roi_extractor=dict(out_channels=width, roi_layer=dict(use_torchvision=True)),
+        bbox_head=dict(type='ConvFCBBoxHead', num_shared_convs=2, num_shared_fcs=1,
+                       in_channels=width, conv_out_channels=width, fc_out_channels=256,
+                       norm_cfg=gn, num_classes=len(classes)),
+        mask_roi_extractor=dict(out_channels=width, roi_layer=dict(use_torchvision=True)),
         mask_head=dict(num_convs=2, in_channels=width, conv_out_channels=width,
-                       num_classes=len(classes))),
+                       norm_cfg=gn, class_agnostic=True, num_classes=len(classes))),
     train_cfg=dict(
-        rpn_proposal=dict(nms_pre=300, max_per_img=100),
-        rcnn=dict(sampler=dict(num=64))),
+        rpn_proposal=dict(nms_pre=500, max_per_img=100),
+        rcnn=dict(sampler=dict(num=64, pos_fraction=0.5))),
     test_cfg=dict(
-        rpn=dict(nms_pre=300, max_per_img=100),
+        rpn=dict(nms_pre=500, max_per_img=100),
         rcnn=dict(max_per_img=50)))
 
 train_pipeline = [
@@ -92,9 +94,10 @@ test_evaluator = dict(
 
 optim_wrapper = dict(
     type='OptimWrapper',
-    optimizer=dict(type='AdamW', lr=5e-4, betas=(0.9, 0.999), weight_decay=0.05,
+    optimizer=dict(type='AdamW', lr=1e-3, betas=(0.9, 0.999), weight_decay=0.05,
                    foreach=True),
-    paramwise_cfg=dict(custom_keys={'norm': dict(decay_mult=0.)}),
+    paramwise_cfg=dict(custom_keys={'norm': dict(decay_mult=0.),
+                                    'conv_logits': dict(lr_mult=10.)}),
     clip_grad=dict(max_norm=10.0))
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=20),

@@ -1,7 +1,8 @@
 """A small, deterministic COCO-format instance-segmentation dataset for demos and tests.
 
-Images are textured backgrounds (smooth colour gradients, stripes or checkerboards plus
-noise) with a few non-overlapping flat-coloured shapes. Every shape is one instance of one
+Images are backgrounds (a smooth colour gradient plus, scaled by ``texture``, stripes, a
+checkerboard or blobs, plus noise) with a few non-overlapping flat-coloured shapes whose colour
+differs clearly from the background under them. Every shape is one instance of one
 of three categories:
 
 * ``circle``  - mask stored as uncompressed RLE (``{'size': [H, W], 'counts': [...]}``);
@@ -28,7 +29,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 CATEGORIES = ({'id': 1, 'name': 'circle', 'supercategory': 'shape'},
               {'id': 2, 'name': 'square', 'supercategory': 'shape'},
               {'id': 3, 'name': 'triangle', 'supercategory': 'shape'})
@@ -37,8 +38,9 @@ CLASSES = tuple(c['name'] for c in CATEGORIES)
 METAINFO = dict(classes=CLASSES, palette=[(220, 20, 60), (0, 128, 255), (0, 200, 0)])
 
 
-def _background(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
-    """(H, W, 3) uint8 textured background: gradient + stripes/checkerboard + noise."""
+def _background(rng: np.random.Generator, h: int, w: int, texture: float = 1.0) -> np.ndarray:
+    """(H, W, 3) uint8 background: gradient + ``texture`` x (stripes/checkerboard/blobs) +
+    noise (std 6 x ``texture``, at least 2)."""
     yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
     c0, c1 = rng.uniform(40, 215, size=(2, 3))
     angle = rng.uniform(0, np.pi)
@@ -55,8 +57,8 @@ def _background(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
     else:  # blobs: a few random low-frequency sinusoids
         pattern = sum(np.sin(xx * rng.uniform(0.05, 0.3) + rng.uniform(0, 6)) *
                       np.cos(yy * rng.uniform(0.05, 0.3) + rng.uniform(0, 6)) for _ in range(3)) / 3
-    img = img + rng.uniform(10, 30) * pattern[..., None]
-    img = img + rng.normal(0, 6, size=img.shape)
+    img = img + texture * rng.uniform(10, 30) * pattern[..., None]
+    img = img + rng.normal(0, max(6 * texture, 2.0), size=img.shape)
     return np.clip(img, 0, 255).astype(np.uint8)
 
 
@@ -127,14 +129,14 @@ def _sample_shape(rng: np.random.Generator, h: int, w: int, min_size: int,
 
 
 def _make_split(rng: np.random.Generator, num_images: int, img_dir: str, image_size: Tuple,
-                max_objects: int, min_size: int, max_size: int) -> Dict:
+                max_objects: int, min_size: int, max_size: int, texture: float) -> Dict:
     from PIL import Image
     images, annotations = [], []
     ann_id = 1
     for img_id in range(1, num_images + 1):
         h = int(rng.integers(image_size[0], image_size[1] + 1))
         w = int(rng.integers(image_size[0], image_size[1] + 1))
-        img = _background(rng, h, w)
+        img = _background(rng, h, w, texture)
         occupied = np.zeros((h, w), dtype=bool)
         n_obj = int(rng.integers(1, max_objects + 1))
         placed = 0
@@ -180,7 +182,7 @@ def _dilate(mask: np.ndarray, r: int = 2) -> np.ndarray:
 def generate_synthetic_coco(root: str, num_train: int = 64, num_val: int = 16,
                             image_size: Sequence[int] = (96, 144), max_objects: int = 4,
                             object_size: Sequence[int] = (20, 64), seed: int = 0,
-                            force: bool = False) -> Dict[str, str]:
+                            force: bool = False, texture: float = 1.0) -> Dict[str, str]:
     """Write (or reuse) the synthetic dataset under ``root``.
 
     Args:
@@ -191,6 +193,9 @@ def generate_synthetic_coco(root: str, num_train: int = 64, num_val: int = 16,
         max_objects: 1..max_objects instances per image (fewer if they do not fit).
         object_size: (min, max) diameter of a shape in pixels.
         seed: the only source of randomness (train and val use independent streams).
+        force: regenerate even if a matching dataset exists.
+        texture: background texture / noise amplitude (1 = strong stripes, checkerboards
+            and blobs; 0 = a smooth gradient with weak noise).
 
     Returns:
         dict with ``data_root``, ``train_ann``, ``val_ann`` (relative to data_root),
@@ -206,9 +211,11 @@ def generate_synthetic_coco(root: str, num_train: int = 64, num_val: int = 16,
     if not 0 < smin <= smax < lo:
         raise ValueError(f'object_size {object_size} must satisfy 0 < min <= max < the '
                          f'smallest image side {lo}')
+    if not 0 <= texture:
+        raise ValueError(f'texture must be >= 0, got {texture}')
     args = dict(version=GENERATOR_VERSION, num_train=num_train, num_val=num_val,
                 image_size=[lo, hi], max_objects=max_objects, object_size=[smin, smax],
-                seed=seed)
+                seed=seed, texture=float(texture))
     out = dict(data_root=root, train_ann='annotations/instances_train.json',
                val_ann='annotations/instances_val.json', train_img='train/',
                val_img='val/', classes=CLASSES)
@@ -223,7 +230,7 @@ def generate_synthetic_coco(root: str, num_train: int = 64, num_val: int = 16,
         img_dir = osp.join(root, split)
         os.makedirs(img_dir, exist_ok=True)
         rng = np.random.default_rng([seed, stream])
-        coco = _make_split(rng, num, img_dir, (lo, hi), max_objects, smin, smax)
+        coco = _make_split(rng, num, img_dir, (lo, hi), max_objects, smin, smax, texture)
         with open(osp.join(root, out[f'{split}_ann']), 'w') as f:
             json.dump(coco, f)
     with open(meta_file, 'w') as f:  # written last: marks a complete dataset

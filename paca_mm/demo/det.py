@@ -23,6 +23,10 @@ from ..datasets.synthetic_coco import generate_synthetic_coco
 REPO_ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 DEFAULT_CONFIG = osp.join(REPO_ROOT, 'configs', 'demo', 'mask_rcnn_tiny_synthetic_coco.py')
 DEFAULT_DATA_ROOT = osp.join(REPO_ROOT, 'work_dirs', 'demo', 'data', 'det')
+# The demo dataset (generate_synthetic_coco arguments): 1-3 large, high-contrast shapes on
+# weakly textured backgrounds, sized for the config's 32-64 px anchors on P2/P3.
+DEMO_DATA = dict(num_train=200, num_val=24, image_size=(112, 144), max_objects=3,
+                 object_size=(28, 72), texture=0.3)
 # CocoMetric keys (values in [0, 1]) -> our names (reported in %)
 METRIC_KEYS = {f'coco/{t}_mAP{s}': f'{t}_AP{s.replace("_", "")}'
                for t in ('bbox', 'segm') for s in ('', '_50', '_75')}
@@ -110,8 +114,8 @@ def _config_iters(config: str) -> int:
 
 def run(work_dir: str = osp.join('work_dirs', 'demo', 'det'), iters: Optional[int] = None,
         data_root: str = DEFAULT_DATA_ROOT, config: str = DEFAULT_CONFIG,
-        num_train: int = 64, num_val: int = 16, image_size: Sequence[int] = (96, 144),
-        baseline: bool = True, cfg_options: Sequence[str] = (),
+        num_train: Optional[int] = None, num_val: Optional[int] = None,
+        data: Optional[Dict] = None, baseline: bool = True, cfg_options: Sequence[str] = (),
         timeout: Optional[float] = None, threads: Optional[int] = None) -> Dict:
     """Generate data, train, evaluate; return metrics (AP in %) and paths.
 
@@ -119,7 +123,9 @@ def run(work_dir: str = osp.join('work_dirs', 'demo', 'det'), iters: Optional[in
         work_dir: output folder (``train/``, ``test/``, ``test_untrained/`` and tool logs).
         iters: training iterations (default: the config's ``max_iters``).
         data_root: dataset cache (regenerated if missing or made with other arguments).
-        config: the demo config. num_train / num_val / image_size: dataset size.
+        config: the demo config.
+        num_train / num_val: dataset size (default: ``DEMO_DATA``'s).
+        data: other :func:`generate_synthetic_coco` arguments overriding ``DEMO_DATA``.
         baseline: also evaluate the untrained detector (``metrics_untrained``).
         cfg_options: extra ``key=value`` overrides for both tools.
         timeout: seconds allowed per tool run (None = no limit).
@@ -133,7 +139,12 @@ def run(work_dir: str = osp.join('work_dirs', 'demo', 'det'), iters: Optional[in
     work_dir = osp.abspath(work_dir)
     data_root = osp.abspath(data_root)
     os.makedirs(work_dir, exist_ok=True)
-    generate_synthetic_coco(data_root, num_train, num_val, image_size)
+    data_args = dict(DEMO_DATA, **(data or {}))
+    if num_train is not None:
+        data_args['num_train'] = num_train
+    if num_val is not None:
+        data_args['num_val'] = num_val
+    generate_synthetic_coco(data_root, **data_args)
     root = data_root.rstrip('/') + '/'
     data_opts = [f'train_dataloader.dataset.data_root={root}',
                  f'test_dataloader.dataset.data_root={root}',
