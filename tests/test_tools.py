@@ -156,6 +156,18 @@ def test_runner_checkpoint_globals_load_weights_only(tmp_path):
     path = tmp_path / 'ckpt.pth'
     torch.save(ckpt, path)
 
+    # the allow-list is process-wide: start from torch's defaults (other tests may have
+    # allow-listed already), restore afterwards
+    saved = torch.serialization.get_safe_globals()
+    torch.serialization.clear_safe_globals()
+    try:
+        _check_runner_checkpoint_globals(path, tmp_path)
+    finally:
+        torch.serialization.clear_safe_globals()
+        torch.serialization.add_safe_globals(saved)
+
+
+def _check_runner_checkpoint_globals(path, tmp_path):
     unsafe = set(torch.serialization.get_unsafe_globals_in_checkpoint(str(path)))
     allowed = {g[1] if isinstance(g, tuple) else f'{g.__module__}.{g.__qualname__}'
                for g in mmengine_checkpoint_globals()}

@@ -296,12 +296,21 @@ def build_runner(cfg: Config):
 
 
 def run_with_checkpoint_hint(fn, *args, **kwargs):
-    """Call ``fn``; re-raise a weights-only unpickling failure with a hint on the fix."""
+    """Call ``fn``; re-raise a weights-only unpickling failure with a hint on the fix.
+
+    On success in a distributed run, all ranks meet at a barrier and the process group is
+    destroyed before the process exits: a rank leaving while another still talks to the
+    store (hosted by rank 0) otherwise aborts the peer (seen with gloo: exit code -6).
+    """
     import pickle
     try:
-        return fn(*args, **kwargs)
+        result = fn(*args, **kwargs)
     except pickle.UnpicklingError as e:
         raise pickle.UnpicklingError(f'{e}\n\n[paca_mm] {WEIGHTS_ONLY_HINT}') from e
+    if torch_dist.is_available() and torch_dist.is_initialized():
+        torch_dist.barrier()
+        torch_dist.destroy_process_group()
+    return result
 
 
 # ------------------------------------------------------------------- CLI semantics
