@@ -89,6 +89,8 @@ def test_output_shapes(clustering, out_indices):
     idx = [out_indices] if isinstance(out_indices, int) else [i % 4 for i in out_indices]
     assert len(outs) == len(idx)
     for o, i in zip(outs, idx):
+        # plain NCHW memory: mmcv ops such as RoIAlign ignore strides
+        assert o.is_contiguous()
         s = 4 * 2 ** i
         assert o.shape == (2, TINY_ARCH['embed_dims'][i], 64 // s, 96 // s)
 

@@ -430,7 +430,9 @@ class PaCaViT(BaseModule):
                 cluster_logits.append(None if first_logits is None else
                                       first_logits.detach().reshape(B, -1, hw[0], hw[1]))
             if i in self.out_indices:
-                outs.append(tokens_to_map(x, hw))  # (B, C, H, W), channels_last strides
+                # (B, C, H, W), contiguous: mmcv's RoIAlign (and other custom ops) read the
+                # raw NCHW memory and give wrong results on channels_last strides.
+                outs.append(tokens_to_map(x, hw).contiguous())
         if record:
             self.cluster_logits = cluster_logits
         return tuple(outs)
