@@ -13,14 +13,11 @@ import json
 import os
 import os.path as osp
 import re
-import subprocess
-import sys
-import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
+from .common import REPO_ROOT, config_iters, run_tool
 from ..datasets.synthetic_coco import generate_synthetic_coco
 
-REPO_ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 DEFAULT_CONFIG = osp.join(REPO_ROOT, 'configs', 'demo', 'mask_rcnn_tiny_synthetic_coco.py')
 DEFAULT_DATA_ROOT = osp.join(REPO_ROOT, 'work_dirs', 'demo', 'data', 'det')
 # The demo dataset (generate_synthetic_coco arguments): 1-3 large, high-contrast shapes on
@@ -33,26 +30,6 @@ METRIC_KEYS = {f'coco/{t}_mAP{s}': f'{t}_AP{s.replace("_", "")}'
 # pycocotools' summary line of COCOeval.summarize() for AP@[.5:.95], all areas
 _AP_LINE = re.compile(r'Average Precision\s+\(AP\) @\[ IoU=0\.50:0\.95 \| area=\s*all \| '
                       r'maxDets=\s*\d+ \] = (-?[0-9.]+)')
-
-
-def _run_tool(args: List[str], log_path: str, timeout: Optional[float],
-              threads: Optional[int] = None) -> float:
-    """Run ``python <args>`` from the repo root, output to ``log_path``; return seconds."""
-    env = dict(os.environ)
-    if threads is not None:
-        env['OMP_NUM_THREADS'] = env['MKL_NUM_THREADS'] = str(threads)
-    env['PYTHONPATH'] = REPO_ROOT + (os.pathsep + env['PYTHONPATH']
-                                     if env.get('PYTHONPATH') else '')
-    start = time.time()
-    with open(log_path, 'w') as log:
-        proc = subprocess.run([sys.executable] + args, cwd=REPO_ROOT, env=env, stdout=log,
-                              stderr=subprocess.STDOUT, timeout=timeout)
-    if proc.returncode != 0:
-        with open(log_path) as f:
-            tail = ''.join(f.readlines()[-40:])
-        raise RuntimeError(f'{" ".join(args[:2])} failed (exit {proc.returncode}); '
-                           f'log: {log_path}\n{tail}')
-    return time.time() - start
 
 
 def parse_test_metrics(test_dir: str, log_path: Optional[str] = None) -> Dict[str, float]:
@@ -107,11 +84,6 @@ def save_untrained_checkpoint(config: str, path: str, cfg_options: Sequence[str]
     return path
 
 
-def _config_iters(config: str) -> int:
-    from mmengine.config import Config
-    return int(Config.fromfile(config).train_cfg.max_iters)
-
-
 def run(work_dir: str = osp.join('work_dirs', 'demo', 'det'), iters: Optional[int] = None,
         data_root: str = DEFAULT_DATA_ROOT, config: str = DEFAULT_CONFIG,
         num_train: Optional[int] = None, num_val: Optional[int] = None,
@@ -162,7 +134,7 @@ def run(work_dir: str = osp.join('work_dirs', 'demo', 'det'), iters: Optional[in
                        f'default_hooks.checkpoint.interval={iters}']
     train_dir = osp.join(work_dir, 'train')
     logs = {k: osp.join(work_dir, f'{k}.log') for k in ('train', 'test', 'test_untrained')}
-    train_time = _run_tool(['tools/train.py', config, '--work-dir', train_dir,
+    train_time = run_tool(['tools/train.py', config, '--work-dir', train_dir,
                             '--cfg-options'] + train_opts, logs['train'], timeout, threads)
     last = osp.join(train_dir, 'last_checkpoint')
     if not osp.isfile(last):
@@ -172,7 +144,7 @@ def run(work_dir: str = osp.join('work_dirs', 'demo', 'det'), iters: Optional[in
 
     def evaluate(ckpt: str, name: str):
         out_dir = osp.join(work_dir, name)
-        secs = _run_tool(['tools/test.py', config, ckpt, '--work-dir', out_dir,
+        secs = run_tool(['tools/test.py', config, ckpt, '--work-dir', out_dir,
                           '--cfg-options'] + data_opts, logs[name], timeout, threads)
         return parse_test_metrics(out_dir, logs[name]), secs
 
@@ -185,7 +157,7 @@ def run(work_dir: str = osp.join('work_dirs', 'demo', 'det'), iters: Optional[in
     else:
         logs.pop('test_untrained')
     result.update(
-        iters=iters if iters is not None else _config_iters(config),
+        iters=iters if iters is not None else config_iters(config),
         train_time_s=round(train_time, 1),
         test_time_s=round(test_time, 1),
         paths=dict(config=config, checkpoint=checkpoint, work_dir=work_dir,

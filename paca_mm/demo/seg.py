@@ -15,36 +15,13 @@ import json
 import os
 import os.path as osp
 import re
-import subprocess
-import sys
-import time
 from typing import Dict, List, Optional, Sequence
 
+from .common import REPO_ROOT, config_iters, run_tool
 from ..datasets.synthetic_seg import CLASSES, class_frequencies, generate_synthetic_seg
 
-REPO_ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 DEFAULT_CONFIG = osp.join(REPO_ROOT, 'configs', 'demo', 'pacahead_tiny_synthetic_seg.py')
 DEFAULT_DATA_ROOT = osp.join(REPO_ROOT, 'work_dirs', 'demo', 'data', 'seg')
-
-
-def _run_tool(args: List[str], log_path: str, timeout: Optional[float],
-              threads: Optional[int] = None) -> float:
-    """Run ``python <args>`` from the repo root, output to ``log_path``; return seconds."""
-    env = dict(os.environ)
-    if threads is not None:
-        env['OMP_NUM_THREADS'] = env['MKL_NUM_THREADS'] = str(threads)
-    env['PYTHONPATH'] = REPO_ROOT + (os.pathsep + env['PYTHONPATH']
-                                     if env.get('PYTHONPATH') else '')
-    start = time.time()
-    with open(log_path, 'w') as log:
-        proc = subprocess.run([sys.executable] + args, cwd=REPO_ROOT, env=env, stdout=log,
-                              stderr=subprocess.STDOUT, timeout=timeout)
-    if proc.returncode != 0:
-        with open(log_path) as f:
-            tail = ''.join(f.readlines()[-40:])
-        raise RuntimeError(f'{" ".join(args[:2])} failed (exit {proc.returncode}); '
-                           f'log: {log_path}\n{tail}')
-    return time.time() - start
 
 
 def size_options(config: str, img_size: int) -> List[str]:
@@ -62,11 +39,6 @@ def size_options(config: str, img_size: int) -> List[str]:
             if key:
                 opts.append(f'{split}_dataloader.dataset.pipeline.{i}.{key}={size}')
     return opts
-
-
-def _config_iters(config: str) -> int:
-    from mmengine.config import Config
-    return int(Config.fromfile(config).train_cfg.max_iters)
 
 
 def parse_test_metrics(test_dir: str) -> Dict:
@@ -138,7 +110,7 @@ def run(work_dir: str = osp.join('work_dirs', 'demo', 'seg'), iters: Optional[in
                        f'param_scheduler.1.begin={warmup}',
                        f'param_scheduler.1.end={iters}',
                        f'default_hooks.checkpoint.interval={iters}']
-    train_time = _run_tool(['tools/train.py', config, '--work-dir', train_dir,
+    train_time = run_tool(['tools/train.py', config, '--work-dir', train_dir,
                             '--cfg-options'] + train_opts,
                            osp.join(work_dir, 'train.log'), timeout, threads)
     last = osp.join(train_dir, 'last_checkpoint')
@@ -146,7 +118,7 @@ def run(work_dir: str = osp.join('work_dirs', 'demo', 'seg'), iters: Optional[in
         raise RuntimeError(f'training finished without a checkpoint ({last} missing)')
     with open(last) as f:
         checkpoint = f.read().strip()
-    test_time = _run_tool(['tools/test.py', config, checkpoint, '--work-dir', test_dir,
+    test_time = run_tool(['tools/test.py', config, checkpoint, '--work-dir', test_dir,
                            '--cfg-options'] + data_opts,
                           osp.join(work_dir, 'test.log'), timeout, threads)
     parsed = parse_test_metrics(test_dir)
@@ -157,7 +129,7 @@ def run(work_dir: str = osp.join('work_dirs', 'demo', 'seg'), iters: Optional[in
                      chance_mIoU=100.0 * max(freqs.values()) / len(CLASSES)),
         per_class_iou=parsed['per_class_iou'],
         class_frequencies=freqs,
-        iters=iters if iters is not None else _config_iters(config),
+        iters=iters if iters is not None else config_iters(config),
         train_time_s=round(train_time, 1),
         test_time_s=round(test_time, 1),
         paths=dict(config=config, checkpoint=checkpoint, work_dir=work_dir,
