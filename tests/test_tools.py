@@ -8,9 +8,11 @@ import os
 import os.path as osp
 import pickle
 import re
+import shutil
 import socket
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -387,6 +389,23 @@ def _free_port():
         return s.getsockname()[1]
 
 
+def _run_dist(cmd, cwd, env, work):
+    """Run a 2-process torchrun command. KNOWN ISSUE (open, see the tracker): on the loaded
+    2-core machine a gloo rank occasionally dies with SIGABRT ('terminate called without an
+    active exception') during DDP backward; that one failure mode is retried once, with a
+    fresh port and work dir, and reported. Any other failure, or a second abort, fails."""
+    env = dict(env, PORT=str(_free_port()))
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    if proc.returncode != 0 and 'SIGABRT' in out:
+        warnings.warn('2-process gloo run aborted with SIGABRT; retrying once:\n' + out[-1500:])
+        shutil.rmtree(work, ignore_errors=True)
+        env['PORT'] = str(_free_port())
+        proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
+                              timeout=300)
+    return proc
+
+
 @pytest.mark.slow
 def test_dist_train_two_cpu_processes(tmp_path, tiny_data):
     work = tmp_path / 'work'
@@ -395,8 +414,7 @@ def test_dist_train_two_cpu_processes(tmp_path, tiny_data):
     cmd = ['bash', osp.join(ROOT, 'tools', 'dist_train.sh'), CONFIG, '2', '--work-dir',
            str(work)] + _data_options(tiny_data) + ['train_cfg.max_iters=3',
                                                     'train_cfg.val_interval=3']
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = _run_dist(cmd, tmp_path, env, work)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     # both ranks joined one gloo group and trained
@@ -411,11 +429,9 @@ def test_dist_train_two_cpu_processes(tmp_path, tiny_data):
     assert (work / 'iter_3.pth').is_file() and (work / 'last_checkpoint').is_file()
 
     # dist_test.sh on that checkpoint: 2 ranks, results gathered on rank 0
-    env['PORT'] = str(_free_port())
     cmd = ['bash', osp.join(ROOT, 'tools', 'dist_test.sh'), CONFIG, str(work / 'iter_3.pth'),
            '2', '--work-dir', str(tmp_path / 'test')] + _data_options(tiny_data)
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = _run_dist(cmd, tmp_path, env, tmp_path / 'test')
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     assert '[paca_mm] rank 1/2 ready (backend gloo)' in out
