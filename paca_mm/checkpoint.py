@@ -19,7 +19,7 @@ import re
 import tempfile
 import zipfile
 from collections import OrderedDict
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 import torch
 from mmengine.logging import print_log
@@ -72,10 +72,11 @@ def load_checkpoint_file(path: str, map_location='cpu') -> dict:
 def _unwrap(ckpt) -> Dict[str, torch.Tensor]:
     if not isinstance(ckpt, dict):
         raise CheckpointError(f'expected a dict checkpoint, got {type(ckpt).__name__}')
+    if any(torch.is_tensor(v) for v in ckpt.values()):
+        return ckpt  # already a state_dict
     for key in _WRAPPER_KEYS:
-        if key in ckpt and isinstance(ckpt[key], dict):
-            return _unwrap(ckpt[key]) if not any(torch.is_tensor(v) for v in ckpt.values()) \
-                else ckpt[key]
+        if isinstance(ckpt.get(key), dict):
+            return _unwrap(ckpt[key])
     return ckpt
 
 

@@ -16,7 +16,6 @@ import torch
 import torch.nn as nn
 import torch.utils.checkpoint as cp
 from mmcv.cnn.bricks import DropPath
-from mmengine.logging import print_log
 from mmengine.model import BaseModule
 from torch.nn.modules.batchnorm import _BatchNorm
 
@@ -410,9 +409,7 @@ class PaCaViT(BaseModule):
         cluster_logits = []
         outs = []
         for i in range(self.num_stages):
-            if i > 0:
-                x = getattr(self, f'transition{i}')(tokens_to_map(x, hw))
-            hw = (x.shape[2], x.shape[3])
+            hw = (x.shape[2], x.shape[3])  # x: (B, C_i, H_i, W_i) map
             x = map_to_tokens(x)
             z = t_z[i] if self.paca_teacher is not None else None
             first_logits = t_logits[i] if self.paca_teacher is not None else None
@@ -433,6 +430,8 @@ class PaCaViT(BaseModule):
                 # (B, C, H, W), contiguous: mmcv's RoIAlign (and other custom ops) read the
                 # raw NCHW memory and give wrong results on channels_last strides.
                 outs.append(tokens_to_map(x, hw).contiguous())
+            if i < self.num_stages - 1:
+                x = getattr(self, f'transition{i + 1}')(tokens_to_map(x, hw))
         if record:
             self.cluster_logits = cluster_logits
         return tuple(outs)
