@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from paca_mm.models.backbones import PaCaViT
+from paca_mm.models.layers import ConvFFN
 
 FIXTURES = os.environ.get('PACA_FIXTURES', osp.join(
     osp.dirname(__file__), '..', '..', 'shared', 'reference', 'fixtures'))
@@ -31,8 +32,11 @@ def build_from_official(kwargs) -> PaCaViT:
         drop_path_rate=kwargs['drop_path_rate'], out_indices=kwargs['out_indices'])
 
 
+@pytest.mark.parametrize('banded', [False, True], ids=['unbanded', 'banded_ffn'])
 @pytest.mark.parametrize('name', sorted(CASES))
-def test_fixture_reproduced(name):
+def test_fixture_reproduced(name, banded, monkeypatch):
+    # banded: the CPU inference FFN runs one image row per band (ConvFFN.forward_banded)
+    monkeypatch.setattr(ConvFFN, 'band_bytes', 1 if banded else 1 << 62)
     info = CASES[name]
     data = torch.load(osp.join(FIXTURES, name + '.pt'), weights_only=True)
     model = build_from_official(info['official_constructor_kwargs'])

@@ -163,6 +163,9 @@ class PaCaBlock(nn.Module):
         # The branch outputs are fresh tensors no backward needs: add the residual in place
         # (saves a full-size allocation per add).
         x = self.drop_path(a).add_(x)
+        if self.gamma2 is None and (not self.training or not isinstance(self.drop_path, DropPath)):
+            # x is this block's own tensor now: the FFN adds its output to it in place.
+            return self.mlp(self.norm2_before(x), hw, residual=x), z, logits
         f = self.mlp(self.norm2_before(x), hw)
         if self.gamma2 is not None:
             f = self.gamma2 * f

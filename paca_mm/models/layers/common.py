@@ -1,5 +1,5 @@
 """Small building blocks shared by the backbone and the teacher."""
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -44,9 +44,16 @@ class DWConvShortcut(nn.Module):
 class ConvFFN(nn.Module):
     """Inverted-residual FFN: fc1 (C -> rC), DWConv3x3 + shortcut, GELU, fc2 (rC -> C).
 
-    (B, N, C) -> (B, N, C). Without autograd the GELU runs in place (one (B, N, rC)
-    buffer less at the peak).
+    (B, N, C) -> (B, N, C), plus ``residual`` when given (on the banded path the sum is
+    written into ``residual`` in place: pass a tensor nobody else needs). Without autograd
+    the GELU runs in place (one (B, N, rC) buffer less at the peak).
+
+    CPU inference (eval mode, no autograd) runs the FFN over bands of image rows
+    (:meth:`forward_banded`), so the rC-wide hidden map of a band stays in cache instead of
+    making six passes through memory; bands of about ``band_bytes`` of hidden activations.
     """
+
+    band_bytes = 8 << 20  # hidden-map bytes per band on the CPU inference path
 
     def __init__(self, dim: int, mlp_ratio: float = 4, drop: float = 0.):
         super().__init__()
@@ -57,10 +64,59 @@ class ConvFFN(nn.Module):
         self.fc2 = nn.Linear(hidden, dim)
         self.drop = nn.Dropout(drop)
 
-    def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
+    def _band_rows(self, x: torch.Tensor, hw: Tuple[int, int]) -> int:
+        """Rows per band for the banded CPU inference path; 0 = run unbanded."""
+        if (self.training or x.device.type != 'cpu' or torch.is_grad_enabled()
+                or torch.is_autocast_enabled('cpu') or torch.compiler.is_compiling()
+                or not x.is_contiguous() or not isinstance(self.act, nn.GELU)
+                or self.act.approximate != 'none'):
+            return 0
+        row_bytes = hw[1] * self.fc1.out_features * x.element_size()
+        rows = max(1, self.band_bytes // row_bytes)
+        return rows if rows < hw[0] else 0
+
+    def forward(self, x: torch.Tensor, hw: Tuple[int, int],
+                residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        rows = self._band_rows(x, hw)
+        if rows and (residual is None or residual.is_contiguous()):
+            return self.forward_banded(x, hw, rows, residual)
         x = self.dwconv(self.fc1(x), hw)
         if torch.is_grad_enabled() and x.requires_grad:
             x = self.act(x)
         else:
             x = torch.ops.aten.gelu_(x)
-        return self.drop(self.fc2(self.drop(x)))
+        x = self.drop(self.fc2(self.drop(x)))
+        return x if residual is None else x.add_(residual)
+
+    def forward_banded(self, x: torch.Tensor, hw: Tuple[int, int], rows: int,
+                       residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The same function, computed ``rows`` image rows at a time (inference only).
+
+        For output rows [r0, r1) the hidden map is computed on rows [r0 - 1, r1 + 1) (the
+        3x3 conv's one-row halo, recomputed per band; zero padding at the image border as in
+        the unbanded conv), so the result equals the unbanded FFN up to float rounding.
+        """
+        B, N, C = x.shape
+        H, W = hw
+        out = torch.empty_like(x) if residual is None else residual
+        hidden = self.fc1.out_features
+        w1t, w2t = self.fc1.weight.t(), self.fc2.weight.t()
+        conv = self.dwconv.dwconv
+        for b in range(B):
+            xb = x[b].view(H, W, C)
+            ob = out[b].view(H, W, C)
+            for r0 in range(0, H, rows):
+                r1 = min(r0 + rows, H)
+                lo, hi = max(r0 - 1, 0), min(r1 + 1, H)
+                h = torch.addmm(self.fc1.bias, xb[lo:hi].reshape(-1, C), w1t)
+                h = h.view(1, hi - lo, W, hidden)
+                # conv over the halo'd band; keep the output rows r0..r1-1
+                y = conv(h.permute(0, 3, 1, 2))[:, :, r0 - lo:r1 - lo].permute(0, 2, 3, 1)
+                y = torch.ops.aten.gelu_(y.add_(h[:, r0 - lo:r1 - lo]))
+                y = y.reshape(-1, hidden)
+                o = ob[r0:r1].view(-1, C)
+                if residual is None:
+                    torch.addmm(self.fc2.bias, y, w2t, out=o)
+                else:
+                    o.addmm_(y, w2t).add_(self.fc2.bias)
+        return out

@@ -1,0 +1,101 @@
+"""Inference-only fast paths compute the same function as the training path:
+the banded CPU FFN (ConvFFN.forward_banded) and the strided cluster softmax."""
+import pytest
+import torch
+
+from paca_mm.models.backbones import PaCaViT
+from paca_mm.models.layers import ConvFFN, cluster_softmax
+
+
+def _ffn(dim=8, seed=0):
+    torch.manual_seed(seed)
+    ffn = ConvFFN(dim, mlp_ratio=3)
+    with torch.no_grad():  # non-trivial biases so that every bias path is exercised
+        for p in ffn.parameters():
+            p.normal_(0, 0.3)
+    return ffn.eval()
+
+
+@pytest.mark.parametrize('hw,rows', [((7, 5), 1), ((7, 5), 2), ((7, 5), 3), ((7, 5), 6),
+                                     ((2, 9), 1), ((13, 1), 4)])
+@pytest.mark.parametrize('with_residual', [False, True])
+def test_banded_ffn_equals_unbanded(hw, rows, with_residual):
+    ffn = _ffn()
+    x = torch.randn(2, hw[0] * hw[1], 8)
+    res = torch.randn(2, hw[0] * hw[1], 8)
+    with torch.no_grad():
+        ref = ffn.dwconv(ffn.fc1(x), hw)
+        ref = ffn.fc2(torch.nn.functional.gelu(ref))
+        if with_residual:
+            ref = ref + res
+        r = res.clone() if with_residual else None
+        out = ffn.forward_banded(x, hw, rows, residual=r)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    if with_residual:
+        assert out.data_ptr() == r.data_ptr()  # written into the residual in place
+
+
+def test_band_selection(monkeypatch):
+    ffn = _ffn()
+    x = torch.randn(1, 6 * 4, 8)
+    calls = []
+    real = ConvFFN.forward_banded
+
+    def spy(self, *args, **kwargs):
+        calls.append(args[2])  # (x, hw, rows, residual)
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(ConvFFN, 'forward_banded', spy)
+    row_bytes = 4 * ffn.fc1.out_features * 4
+    monkeypatch.setattr(ConvFFN, 'band_bytes', 2 * row_bytes)
+    with torch.no_grad():
+        ffn(x, (6, 4))
+    assert calls == [2]  # 2 rows of hidden activations per band
+    monkeypatch.setattr(ConvFFN, 'band_bytes', 6 * row_bytes)
+    with torch.no_grad():
+        ffn(x, (6, 4))  # one band would be the whole map: unbanded
+        ffn.train()
+        ffn(x, (6, 4))  # training mode (dropout)
+        ffn.eval()
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            ffn(x, (6, 4))
+    monkeypatch.setattr(ConvFFN, 'band_bytes', 1)
+    ffn(x, (6, 4))  # autograd needed
+    assert calls == [2]
+
+
+def test_backbone_banded_equals_unbanded(monkeypatch):
+    torch.manual_seed(0)
+    model = PaCaViT(arch=dict(embed_dims=(16, 24, 32, 40), depths=(2, 1, 2, 1),
+                              num_heads=(1, 2, 4, 8)), num_clusters=(5, 4, 3, 0)).eval()
+    x = torch.randn(2, 3, 45, 38)
+    with torch.no_grad():
+        monkeypatch.setattr(ConvFFN, 'band_bytes', 1 << 62)
+        ref = model(x)
+        monkeypatch.setattr(ConvFFN, 'band_bytes', 1)
+        out = model(x)
+    for r, o in zip(ref, out):
+        torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-5)
+    # training (autograd) through the same blocks still works and matches in eval mode
+    out_grad = model(x)
+    for r, o in zip(ref, out_grad):
+        torch.testing.assert_close(o.detach(), r, rtol=1e-5, atol=1e-5)
+    sum(o.sum() for o in out_grad).backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float64, torch.bfloat16])
+def test_cluster_softmax_on_transposed_view(dtype):
+    logits_nm = torch.randn(2, 50, 7, dtype=dtype)  # (B, N, M) memory
+    view = logits_nm.transpose(1, 2)  # (B, M, N), as the clustering modules return
+    z = cluster_softmax(view)
+    ref = torch.softmax(view.contiguous().float() if dtype == torch.bfloat16
+                        else view.contiguous(), dim=-1)
+    assert z.shape == (2, 7, 50)
+    assert z.dtype == (torch.float32 if dtype == torch.bfloat16 else dtype)
+    torch.testing.assert_close(z, ref)
+    torch.testing.assert_close(z.sum(-1), torch.ones(2, 7, dtype=z.dtype))
+
+
+def test_cluster_softmax_gradient_through_view():
+    logits_nm = torch.randn(1, 9, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: cluster_softmax(t.transpose(1, 2)), (logits_nm,))
