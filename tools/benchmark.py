@@ -40,6 +40,10 @@ MODELS = {
                    num_heads=[3, 6, 12, 24], window_size=7),
 }
 REFERENCE = 'pvt_v2_b2'
+# glibc: serve allocations up to 32 MB (its maximum) from the heap and never return freed
+# heap memory to the OS, so re-allocated tensors reuse already-mapped pages.
+MALLOC_KEEP = {'MALLOC_MMAP_THRESHOLD_': str(32 << 20), 'MALLOC_TRIM_THRESHOLD_': str(1 << 40),
+               'MALLOC_TOP_PAD_': str(1 << 30)}
 DEFAULT_SIZES = ['224', '512', '800x1280', '1024']
 
 
@@ -71,13 +75,21 @@ def _autocast(device, amp):
     return torch.autocast('cpu', dtype=torch.bfloat16)
 
 
+def _minor_faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def time_forward(model, x, device, amp):
+    """Seconds of one inference forward, and the minor page faults it caused (CPU: every
+    large tensor the allocator takes fresh from the OS costs page faults + zeroing)."""
     with torch.inference_mode(), _autocast(device, amp):
         _sync(device)
+        faults = _minor_faults()
         t = time.perf_counter()
         model(x)
         _sync(device)
-    return time.perf_counter() - t
+        t = time.perf_counter() - t
+    return t, _minor_faults() - faults
 
 
 def time_forward_backward(model, x, device, amp):
@@ -152,13 +164,16 @@ def run(args):
         shape = parse_size(size)
         x = torch.randn(1, 3, *shape, device=args.device)
         fwd = {n: [] for n in models}
+        faults = {n: [] for n in models}
         fb = {n: [] for n in models}
         for n, m in models.items():  # warm-up
             for _ in range(args.warmup):
                 time_forward(m, x, args.device, args.amp)
         for _ in range(args.repeats):  # interleaved
             for n, m in models.items():
-                fwd[n].append(time_forward(m, x, args.device, args.amp))
+                t, f = time_forward(m, x, args.device, args.amp)
+                fwd[n].append(t)
+                faults[n].append(f)
         if not args.skip_backward:
             for n, m in models.items():
                 time_forward_backward(m, x, args.device, args.amp)
@@ -169,6 +184,7 @@ def run(args):
             row = dict(model=n, size=f'{shape[0]}x{shape[1]}', pixels=shape[0] * shape[1],
                        fwd_ms=1000 * statistics.median(fwd[n]),
                        fwd_bwd_ms=1000 * statistics.median(fb[n]) if fb[n] else None,
+                       fwd_faults_k=statistics.median(faults[n]) / 1e3,
                        mem_mb=None if args.skip_memory else measure_memory(n, size, args),
                        params_m=sum(p.numel() for p in m.parameters()) / 1e6,
                        gmacs=None)
@@ -176,7 +192,8 @@ def run(args):
                 macs = count_flops(m, shape, args.device)
                 row['gmacs'] = None if macs is None else macs / 1e9
             rows.append(row)
-            print(f"{n:>11} {row['size']:>9}: fwd {row['fwd_ms']:8.1f} ms"
+            print(f"{n:>11} {row['size']:>9}: fwd {row['fwd_ms']:8.1f} ms "
+                  f"({row['fwd_faults_k']:.0f}k page faults)"
                   + (f", fwd+bwd {row['fwd_bwd_ms']:8.1f} ms" if row['fwd_bwd_ms'] else '')
                   + (f", mem {row['mem_mb']:7.1f} MB" if row['mem_mb'] is not None else ''),
                   flush=True)
@@ -187,7 +204,7 @@ def add_ratios(rows, reference):
     ref = {r['size']: r for r in rows if r['model'] == reference}
     for r in rows:
         base = ref.get(r['size'])
-        for key in ('fwd_ms', 'fwd_bwd_ms', 'mem_mb', 'params_m', 'gmacs'):
+        for key in ('fwd_ms', 'fwd_bwd_ms', 'fwd_faults_k', 'mem_mb', 'params_m', 'gmacs'):
             ok = base and r[key] is not None and base[key]
             r[key + '_ratio'] = r[key] / base[key] if ok else None
     return rows
@@ -200,17 +217,20 @@ def _fmt(v, ratio):
 
 
 def to_markdown(rows, args):
-    head = ('| model | input | fwd ms | fwd+bwd ms | peak fwd mem MB | params M | GMACs |\n'
-            '|---|---|---|---|---|---|---|\n')
+    head = ('| model | input | fwd ms | fwd page faults (k) | fwd+bwd ms | peak fwd mem MB '
+            '| params M | GMACs |\n|---|---|---|---|---|---|---|---|\n')
     lines = [f"| {r['model']} | {r['size']} | {_fmt(r['fwd_ms'], r['fwd_ms_ratio'])} | "
-             f"{_fmt(r['fwd_bwd_ms'], r['fwd_bwd_ms_ratio'])} | "
+             f"{r['fwd_faults_k']:.0f} | {_fmt(r['fwd_bwd_ms'], r['fwd_bwd_ms_ratio'])} | "
              f"{_fmt(r['mem_mb'], r['mem_mb_ratio'])} | "
              f"{_fmt(r['params_m'], r['params_m_ratio'])} | "
              f"{_fmt(r['gmacs'], r['gmacs_ratio'])} |" for r in rows]
     dev = torch.cuda.get_device_name() if args.device.startswith('cuda') else \
         f'CPU, {args.threads} threads'
-    return (f'Device: {dev}; torch {torch.__version__}; amp={args.amp}; ratios to '
-            f'{REFERENCE} in parentheses; batch 1.\n\n' + head + '\n'.join(lines) + '\n')
+    malloc = 'freed memory kept in the heap (--malloc-keep)' if args.malloc_keep else \
+        'default glibc malloc'
+    return (f'Device: {dev}; torch {torch.__version__}; amp={args.amp}; {malloc}; ratios to '
+            f'{REFERENCE} in parentheses; batch 1; median of {args.repeats} interleaved '
+            'runs.\n\n' + head + '\n'.join(lines) + '\n')
 
 
 def plot(rows, path):
@@ -246,10 +266,20 @@ def main(argv=None):
     p.add_argument('--skip-backward', action='store_true')
     p.add_argument('--skip-memory', action='store_true')
     p.add_argument('--flops', action='store_true', help='also count MACs')
+    p.add_argument('--malloc-keep', action='store_true',
+                   help='re-run under glibc settings that keep freed memory in the heap '
+                        '(no page faults when large tensors are re-allocated): shows the '
+                        'figures without the allocator cost that default settings impose')
     p.add_argument('--out', default='work_dirs/benchmark')
     p.add_argument('--memory-worker', nargs=2, metavar=('MODEL', 'SIZE'),
                    help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.malloc_keep and any(os.environ.get(k) != v for k, v in MALLOC_KEEP.items()):
+        # glibc reads these once at start-up: re-execute this command with them set
+        argv = sys.argv[1:] if argv is None else list(argv)
+        sys.stdout.flush()
+        os.execve(sys.executable, [sys.executable, osp.abspath(__file__)] + argv,
+                  dict(os.environ, **MALLOC_KEEP))
     if args.memory_worker:
         mem = memory_worker(*args.memory_worker, args.device, args.amp)
         print(json.dumps({'mem_mb': mem}))

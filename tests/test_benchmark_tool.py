@@ -1,0 +1,39 @@
+"""tools/benchmark.py end to end on a tiny input (the figures themselves are not asserted:
+speed is checked by running the benchmark, not by timed tests)."""
+import csv
+import os.path as osp
+import subprocess
+import sys
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+
+
+def _run(tmp_path, *extra):
+    cmd = [sys.executable, osp.join(ROOT, 'tools', 'benchmark.py'), '--models', 'paca_tiny',
+           'swin_t', '--sizes', '64', '--repeats', '1', '--warmup', '0', '--threads', '1',
+           '--out', str(tmp_path), *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    with open(tmp_path / 'benchmark.csv') as f:
+        rows = list(csv.DictReader(f))
+    return proc, rows, (tmp_path / 'benchmark.md').read_text()
+
+
+def test_benchmark_table(tmp_path):
+    proc, rows, md = _run(tmp_path)
+    # the reference model is added, every model has a row, ratios are to it
+    assert [r['model'] for r in rows] == ['paca_tiny', 'swin_t', 'pvt_v2_b2']
+    ref = rows[-1]
+    assert float(ref['fwd_ms_ratio']) == 1.0 and float(ref['mem_mb_ratio']) == 1.0
+    for r in rows:
+        assert float(r['fwd_ms']) > 0 and float(r['fwd_bwd_ms']) > 0
+        assert float(r['mem_mb']) >= 0 and float(r['fwd_faults_k']) >= 0
+    assert abs(float(rows[0]['params_m']) - 11.81568) < 1e-4  # PaCa-Tiny backbone
+    assert 'default glibc malloc' in md and '| paca_tiny | 64x64 |' in md
+    assert (tmp_path / 'benchmark.png').stat().st_size > 0
+
+
+def test_benchmark_malloc_keep(tmp_path):
+    proc, rows, md = _run(tmp_path, '--skip-backward', '--skip-memory', '--malloc-keep')
+    assert 'freed memory kept in the heap' in md
+    assert rows[0]['fwd_bwd_ms'] == '' and rows[0]['mem_mb'] == ''
