@@ -99,3 +99,13 @@ def test_cluster_softmax_on_transposed_view(dtype):
 def test_cluster_softmax_gradient_through_view():
     logits_nm = torch.randn(1, 9, 3, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda t: cluster_softmax(t.transpose(1, 2)), (logits_nm,))
+
+
+def test_flop_count_independent_of_banding(monkeypatch):
+    """The FLOP counter traces the plain FFN even where inference would run banded."""
+    from paca_mm.utils.flops import count
+    model = PaCaViT(arch='tiny')
+    monkeypatch.setattr(ConvFFN, 'band_bytes', 1 << 62)
+    ref = count(model, (torch.randn(1, 3, 96, 128),))['flops']
+    monkeypatch.setattr(ConvFFN, 'band_bytes', 1)
+    assert count(model, (torch.randn(1, 3, 96, 128),))['flops'] == ref
