@@ -60,19 +60,11 @@ def count(model: nn.Module, inputs: Tuple, show_unsupported: bool = False) -> Di
     analyzer.unsupported_ops_warnings(show_unsupported)
     analyzer.uncalled_modules_warnings(False)
     analyzer.tracer_warnings('none')
-    from ..models.layers.common import ConvFFN
-    band_bytes = ConvFFN.band_bytes
-    # Trace the plain FFN: the banded CPU inference path uses in-place/out= GEMMs that the
-    # analyzer does not count (same arithmetic, plus a small halo recompute).
-    ConvFFN.band_bytes = 1 << 62
-    try:
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter('ignore')
-            total = analyzer.total()
-            by_module = analyzer.by_module()
-            unsupported = dict(analyzer.unsupported_ops())
-    finally:
-        ConvFFN.band_bytes = band_bytes
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        total = analyzer.total()
+        by_module = analyzer.by_module()
+        unsupported = dict(analyzer.unsupported_ops())
     params = parameter_count(model)
     children = [n for n, _ in model.named_children()]
     return dict(flops=int(total), params=int(params['']),

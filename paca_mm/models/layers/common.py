@@ -64,12 +64,15 @@ class ConvFFN(nn.Module):
         self.fc2 = nn.Linear(hidden, dim)
         self.drop = nn.Dropout(drop)
 
-    def _band_rows(self, x: torch.Tensor, hw: Tuple[int, int]) -> int:
-        """Rows per band for the banded CPU inference path; 0 = run unbanded."""
+    def _band_rows(self, x: torch.Tensor, hw: Tuple[int, int],
+                   residual: Optional[torch.Tensor]) -> int:
+        """Rows per band for the banded CPU inference path; 0 = run unbanded (also while
+        torch.compile or a tracer such as the FLOP counter records the graph)."""
         if (self.training or x.device.type != 'cpu' or torch.is_grad_enabled()
                 or torch.is_autocast_enabled('cpu') or torch.compiler.is_compiling()
-                or not x.is_contiguous() or not isinstance(self.act, nn.GELU)
-                or self.act.approximate != 'none'):
+                or torch.jit.is_tracing() or not x.is_contiguous()
+                or (residual is not None and not residual.is_contiguous())
+                or not isinstance(self.act, nn.GELU) or self.act.approximate != 'none'):
             return 0
         row_bytes = hw[1] * self.fc1.out_features * x.element_size()
         rows = max(1, self.band_bytes // row_bytes)
@@ -77,8 +80,8 @@ class ConvFFN(nn.Module):
 
     def forward(self, x: torch.Tensor, hw: Tuple[int, int],
                 residual: Optional[torch.Tensor] = None) -> torch.Tensor:
-        rows = self._band_rows(x, hw)
-        if rows and (residual is None or residual.is_contiguous()):
+        rows = self._band_rows(x, hw, residual)
+        if rows:
             return self.forward_banded(x, hw, rows, residual)
         x = self.dwconv(self.fc1(x), hw)
         if torch.is_grad_enabled() and x.requires_grad:
