@@ -19,7 +19,12 @@ def _ffn(dim=8, seed=0):
 @pytest.mark.parametrize('hw,rows', [((7, 5), 1), ((7, 5), 2), ((7, 5), 3), ((7, 5), 6),
                                      ((2, 9), 1), ((13, 1), 4)])
 @pytest.mark.parametrize('with_residual', [False, True])
-def test_banded_ffn_equals_unbanded(hw, rows, with_residual):
+@pytest.mark.parametrize('fused_conv_gelu', [True, False])
+def test_banded_ffn_equals_unbanded(hw, rows, with_residual, fused_conv_gelu, monkeypatch):
+    from paca_mm.models.layers import common
+    if fused_conv_gelu and not common._FUSED_CONV_GELU:
+        pytest.skip('this torch build has no oneDNN fused conv + GELU')
+    monkeypatch.setattr(common, '_FUSED_CONV_GELU', fused_conv_gelu)
     ffn = _ffn()
     x = torch.randn(2, hw[0] * hw[1], 8)
     res = torch.randn(2, hw[0] * hw[1], 8)
@@ -33,6 +38,24 @@ def test_banded_ffn_equals_unbanded(hw, rows, with_residual):
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     if with_residual:
         assert out.data_ptr() == r.data_ptr()  # written into the residual in place
+
+
+@pytest.mark.parametrize('hw,rows', [((7, 5), 1), ((7, 5), 2), ((7, 5), 6), ((8, 3), 3),
+                                     ((2, 9), 1)])
+def test_banded_ffn_pre_norm_into_its_own_input(hw, rows):
+    """residual=x, pre_norm=LN (as PaCaBlock calls it): every input row is read before the
+    same row of the output overwrites it."""
+    ffn = _ffn()
+    norm = torch.nn.LayerNorm(8)
+    with torch.no_grad():
+        norm.weight.normal_(1, 0.2)
+        norm.bias.normal_(0, 0.2)
+        x = torch.randn(2, hw[0] * hw[1], 8)
+        ref = ffn.fc2(torch.nn.functional.gelu(ffn.dwconv(ffn.fc1(norm(x)), hw))) + x
+        y = x.clone()
+        out = ffn.forward_banded(y, hw, rows, residual=y, pre_norm=norm)
+    assert out.data_ptr() == y.data_ptr()
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
 def test_band_selection(monkeypatch):

@@ -165,7 +165,7 @@ class PaCaBlock(nn.Module):
         x = self.drop_path(a).add_(x)
         if self.gamma2 is None and (not self.training or not isinstance(self.drop_path, DropPath)):
             # x is this block's own tensor now: the FFN adds its output to it in place.
-            return self.mlp(self.norm2_before(x), hw, residual=x), z, logits
+            return self.mlp(x, hw, residual=x, pre_norm=self.norm2_before), z, logits
         f = self.mlp(self.norm2_before(x), hw)
         if self.gamma2 is not None:
             f = self.gamma2 * f

@@ -41,19 +41,41 @@ class DWConvShortcut(nn.Module):
         return y.add_(x)
 
 
+def _fused_conv_gelu_available() -> bool:
+    op = getattr(torch.ops.mkldnn, '_convolution_pointwise', None)
+    return op is not None and torch.backends.mkldnn.is_available()
+
+
+_FUSED_CONV_GELU = _fused_conv_gelu_available()
+
+
+def _dwconv3x3_gelu(x: torch.Tensor, weight: torch.Tensor,
+                    bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """GELU(depth-wise 3x3 conv), no row padding, one column of zero padding.
+
+    x: (1, C, R + 2, W) CPU map -> (1, C, R, W). Uses oneDNN's conv with a fused GELU post-op
+    where this torch build has it (one pass less over the output), else conv then GELU.
+    """
+    if _FUSED_CONV_GELU:
+        return torch.ops.mkldnn._convolution_pointwise(
+            x, weight, bias, [0, 1], [1, 1], [1, 1], x.shape[1], 'gelu', [], 'none')
+    return torch.ops.aten.gelu_(F.conv2d(x, weight, bias, padding=(0, 1), groups=x.shape[1]))
+
+
 class ConvFFN(nn.Module):
     """Inverted-residual FFN: fc1 (C -> rC), DWConv3x3 + shortcut, GELU, fc2 (rC -> C).
 
-    (B, N, C) -> (B, N, C), plus ``residual`` when given (on the banded path the sum is
-    written into ``residual`` in place: pass a tensor nobody else needs). Without autograd
-    the GELU runs in place (one (B, N, rC) buffer less at the peak).
+    (B, N, C) -> (B, N, C). Optional ``pre_norm`` (a LayerNorm over C) is applied to ``x``
+    first; optional ``residual`` is added to the output. Without autograd the GELU runs in
+    place (one (B, N, rC) buffer less at the peak).
 
     CPU inference (eval mode, no autograd) runs the FFN over bands of image rows
-    (:meth:`forward_banded`), so the rC-wide hidden map of a band stays in cache instead of
-    making six passes through memory; bands of about ``band_bytes`` of hidden activations.
+    (:meth:`forward_banded`): the rC-wide hidden map of a band (about ``band_bytes``) stays
+    in cache instead of making six passes through memory, and the sum is written into
+    ``residual`` in place (pass a tensor nobody else needs; it may be ``x`` itself).
     """
 
-    band_bytes = 8 << 20  # hidden-map bytes per band on the CPU inference path
+    band_bytes = 6 << 20  # hidden-map bytes per band on the CPU inference path
 
     def __init__(self, dim: int, mlp_ratio: float = 4, drop: float = 0.):
         super().__init__()
@@ -79,10 +101,13 @@ class ConvFFN(nn.Module):
         return rows if rows < hw[0] else 0
 
     def forward(self, x: torch.Tensor, hw: Tuple[int, int],
-                residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+                residual: Optional[torch.Tensor] = None,
+                pre_norm: Optional[nn.Module] = None) -> torch.Tensor:
         rows = self._band_rows(x, hw, residual)
         if rows:
-            return self.forward_banded(x, hw, rows, residual)
+            return self.forward_banded(x, hw, rows, residual, pre_norm)
+        if pre_norm is not None:
+            x = pre_norm(x)
         x = self.dwconv(self.fc1(x), hw)
         if torch.is_grad_enabled() and x.requires_grad:
             x = self.act(x)
@@ -92,12 +117,15 @@ class ConvFFN(nn.Module):
         return x if residual is None else x.add_(residual)
 
     def forward_banded(self, x: torch.Tensor, hw: Tuple[int, int], rows: int,
-                       residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+                       residual: Optional[torch.Tensor] = None,
+                       pre_norm: Optional[nn.Module] = None) -> torch.Tensor:
         """The same function, computed ``rows`` image rows at a time (inference only).
 
-        For output rows [r0, r1) the hidden map is computed on rows [r0 - 1, r1 + 1) (the
-        3x3 conv's one-row halo, recomputed per band; zero padding at the image border as in
-        the unbanded conv), so the result equals the unbanded FFN up to float rounding.
+        Output rows [r0, r1) need hidden rows [r0 - 1, r1 + 1) (the 3x3 conv's halo; zero
+        rows outside the image, as the conv's zero padding). One buffer holds them; the two
+        rows shared with the next band are moved to its top, so fc1 runs once per row. The
+        shortcut is folded into the conv (centre tap + 1). Input rows are read before the
+        same output rows are written, so ``residual`` may be ``x`` itself.
         """
         B, N, C = x.shape
         H, W = hw
@@ -105,21 +133,35 @@ class ConvFFN(nn.Module):
         hidden = self.fc1.out_features
         w1t, w2t = self.fc1.weight.t(), self.fc2.weight.t()
         conv = self.dwconv.dwconv
+        weight = conv.weight.clone()
+        weight[:, :, 1, 1] += 1  # DWConv(h) + h
+        buf = x.new_empty(rows + 2, W, hidden)  # hidden rows r0 - 1 .. r1
         for b in range(B):
-            xb = x[b].view(H, W, C)
-            ob = out[b].view(H, W, C)
+            xb, ob = x[b].view(H, W, C), out[b].view(H, W, C)
+            buf[0].zero_()  # row -1
+            have = 1  # buffer rows already holding hidden rows r0 - 1, ...
             for r0 in range(0, H, rows):
                 r1 = min(r0 + rows, H)
-                lo, hi = max(r0 - 1, 0), min(r1 + 1, H)
-                h = torch.addmm(self.fc1.bias, xb[lo:hi].reshape(-1, C), w1t)
-                h = h.view(1, hi - lo, W, hidden)
-                # conv over the halo'd band; keep the output rows r0..r1-1
-                y = conv(h.permute(0, 3, 1, 2))[:, :, r0 - lo:r1 - lo].permute(0, 2, 3, 1)
-                y = torch.ops.aten.gelu_(y.add_(h[:, r0 - lo:r1 - lo]))
-                y = y.reshape(-1, hidden)
+                start, stop = r0 - 1 + have, min(r1 + 1, H)  # new hidden rows
+                n = have + stop - start
+                if n > have:
+                    xs = xb[start:stop]
+                    if pre_norm is not None:
+                        xs = pre_norm(xs)
+                    torch.addmm(self.fc1.bias, xs.reshape(-1, C), w1t,
+                                out=buf[have:n].view(-1, hidden))
+                if r1 == H:
+                    buf[n].zero_()  # row H
+                    n += 1
+                y = _dwconv3x3_gelu(buf[:n].unsqueeze(0).permute(0, 3, 1, 2), weight,
+                                    conv.bias)
+                y = y.permute(0, 2, 3, 1).reshape(-1, hidden)
                 o = ob[r0:r1].view(-1, C)
                 if residual is None:
                     torch.addmm(self.fc2.bias, y, w2t, out=o)
                 else:
                     o.addmm_(y, w2t).add_(self.fc2.bias)
+                if r1 < H:  # hidden rows r1 - 1, r1 start the next band
+                    buf[:2] = buf[n - 2:n].clone() if n < 4 else buf[n - 2:n]
+                    have = 2
         return out
