@@ -132,3 +132,15 @@ def test_flop_count_independent_of_banding(monkeypatch):
     ref = count(model, (torch.randn(1, 3, 96, 128),))['flops']
     monkeypatch.setattr(ConvFFN, 'band_bytes', 1)
     assert count(model, (torch.randn(1, 3, 96, 128),))['flops'] == ref
+
+
+@pytest.mark.parametrize('requires_grad', [False, True])
+def test_tokens_to_nchw(requires_grad):
+    from paca_mm.models.layers.common import tokens_to_map, tokens_to_nchw
+    x = torch.randn(2, 7 * 5, 3, requires_grad=requires_grad)
+    out = tokens_to_nchw(x, (7, 5), chunk=3)
+    assert out.is_contiguous() and out.shape == (2, 3, 7, 5)
+    assert torch.equal(out, tokens_to_map(x, (7, 5)))
+    if requires_grad:
+        out.sum().backward()
+        assert torch.equal(x.grad, torch.ones_like(x))

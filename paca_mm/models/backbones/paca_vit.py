@@ -19,7 +19,8 @@ from mmcv.cnn.bricks import DropPath
 from mmengine.model import BaseModule
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..layers.common import ConvFFN, LayerNorm2d, map_to_tokens, tokens_to_map
+from ..layers.common import (ConvFFN, LayerNorm2d, map_to_tokens, tokens_to_map,
+                             tokens_to_nchw)
 from ..layers.paca import (CLUSTERING_TYPES, OFFICIAL_CLUSTERING_NAMES,
                            PaCaAttention)
 from .paca_teacher import ConvMixerTeacher
@@ -432,7 +433,7 @@ class PaCaViT(BaseModule):
             if i in self.out_indices:
                 # (B, C, H, W), contiguous: mmcv's RoIAlign (and other custom ops) read the
                 # raw NCHW memory and give wrong results on channels_last strides.
-                outs.append(tokens_to_map(x, hw).contiguous())
+                outs.append(tokens_to_nchw(x, hw))
             if i < self.num_stages - 1:
                 x = getattr(self, f'transition{i + 1}')(tokens_to_map(x, hw))
         if record:
