@@ -144,3 +144,19 @@ def test_tokens_to_nchw(requires_grad):
     if requires_grad:
         out.sum().backward()
         assert torch.equal(x.grad, torch.ones_like(x))
+
+
+def test_conv_clustering_fused_gelu_matches_modules(monkeypatch):
+    from paca_mm.models.layers.paca import ConvClustering
+    from paca_mm.models.layers import common
+    if not common._FUSED_CONV_GELU:
+        pytest.skip('this torch build has no oneDNN fused conv + GELU')
+    torch.manual_seed(0)
+    m = ConvClustering(8, 5).eval()
+    x = torch.randn(2, 9 * 7, 8)
+    with torch.no_grad():
+        fused = m(x, (9, 7))
+        monkeypatch.setattr(ConvClustering, 'fuse_gelu', False)
+        ref = m(x, (9, 7))
+    assert fused.shape == (2, 5, 63) and fused.stride() == ref.stride()
+    torch.testing.assert_close(fused, ref, rtol=1e-5, atol=1e-5)

@@ -66,17 +66,26 @@ def _fused_conv_gelu_available() -> bool:
 _FUSED_CONV_GELU = _fused_conv_gelu_available()
 
 
-def _dwconv3x3_gelu(x: torch.Tensor, weight: torch.Tensor,
-                    bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """GELU(depth-wise 3x3 conv), no row padding, one column of zero padding.
+def conv_gelu_fusable(x: torch.Tensor) -> bool:
+    """Whether :func:`conv_gelu` may use oneDNN's fused kernel on ``x``: CPU inference
+    (no autograd, autocast, compile or tracing) in a torch build that has it."""
+    return (_FUSED_CONV_GELU and x.device.type == 'cpu' and not torch.is_grad_enabled()
+            and x.dtype == torch.float32 and not torch.is_autocast_enabled('cpu')
+            and not torch.compiler.is_compiling() and not torch.jit.is_tracing())
 
-    x: (1, C, R + 2, W) CPU map -> (1, C, R, W). Uses oneDNN's conv with a fused GELU post-op
-    where this torch build has it (one pass less over the output), else conv then GELU.
+
+def conv_gelu(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+              padding, groups: int) -> torch.Tensor:
+    """GELU(conv2d(x, weight, bias, stride 1, ``padding``, ``groups``)), exact GELU.
+
+    One oneDNN kernel with the GELU as a post-op (one pass less over the output) where
+    :func:`conv_gelu_fusable`, else conv then in-place GELU (the same values up to rounding).
     """
-    if _FUSED_CONV_GELU:
+    if conv_gelu_fusable(x):
         return torch.ops.mkldnn._convolution_pointwise(
-            x, weight, bias, [0, 1], [1, 1], [1, 1], x.shape[1], 'gelu', [], 'none')
-    return torch.ops.aten.gelu_(F.conv2d(x, weight, bias, padding=(0, 1), groups=x.shape[1]))
+            x, weight, bias, list(padding), [1, 1], [1, 1], groups, 'gelu', [], 'none')
+    y = F.conv2d(x, weight, bias, padding=padding, groups=groups)
+    return F.gelu(y) if torch.is_grad_enabled() and y.requires_grad else torch.ops.aten.gelu_(y)
 
 
 class ConvFFN(nn.Module):
@@ -170,8 +179,9 @@ class ConvFFN(nn.Module):
                 if r1 == H:
                     buf[n].zero_()  # row H
                     n += 1
-                y = _dwconv3x3_gelu(buf[:n].unsqueeze(0).permute(0, 3, 1, 2), weight,
-                                    conv.bias)
+                # rows r0 .. r1 - 1: no row padding (halo rows are in the buffer)
+                y = conv_gelu(buf[:n].unsqueeze(0).permute(0, 3, 1, 2), weight, conv.bias,
+                              (0, 1), hidden)
                 y = y.permute(0, 2, 3, 1).reshape(-1, hidden)
                 o = ob[r0:r1].view(-1, C)
                 if residual is None:

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .common import map_to_tokens, tokens_to_map
+from .common import conv_gelu, conv_gelu_fusable, map_to_tokens, tokens_to_map
 
 CLUSTERING_TYPES = ('conv', 'mlp', 'linear')
 # Names used by the official configs (``paca_cfg.type``).
@@ -35,9 +35,19 @@ class ConvClustering(nn.Module):
             nn.Conv2d(dim, num_clusters, 1, bias=False),
         )
 
+    fuse_gelu = True  # CPU inference: oneDNN convs with the GELU fused in (see below)
+
     def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
         # channels_last view in, channels_last out: (B, N, M) in memory, no layout copies.
-        return map_to_tokens(self.clustering(tokens_to_map(x, hw))).transpose(1, 2)
+        x = tokens_to_map(x, hw)
+        if self.fuse_gelu and conv_gelu_fusable(x):
+            # the same three convs, each GELU applied in the conv's output pass
+            dw, pw, out = self.clustering[0], self.clustering[2], self.clustering[4]
+            x = conv_gelu(x, dw.weight, dw.bias, dw.padding, dw.groups)
+            x = out(conv_gelu(x, pw.weight, pw.bias, pw.padding, 1))
+        else:
+            x = self.clustering(x)
+        return map_to_tokens(x).transpose(1, 2)
 
 
 class MlpClustering(nn.Module):
