@@ -394,11 +394,15 @@ def _run_dist(cmd, cwd, env, work):
     2-core machine a gloo rank occasionally dies with SIGABRT ('terminate called without an
     active exception') during DDP backward; that one failure mode is retried once, with a
     fresh port and work dir, and reported. Any other failure, or a second abort, fails."""
-    env = dict(env, PORT=str(_free_port()))
+    # faulthandler prints every thread's Python stack if a rank aborts (to locate the abort)
+    env = dict(env, PORT=str(_free_port()), PYTHONFAULTHANDLER='1')
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     if proc.returncode != 0 and 'SIGABRT' in out:
-        warnings.warn('2-process gloo run aborted with SIGABRT; retrying once:\n' + out[-1500:])
+        fatal = out.find('Fatal Python error')
+        stacks = out[fatal:fatal + 4000] + '\n...\n' if fatal >= 0 else ''
+        warnings.warn('2-process gloo run aborted with SIGABRT; retrying once:\n' + stacks
+                      + out[-1500:])
         shutil.rmtree(work, ignore_errors=True)
         env['PORT'] = str(_free_port())
         proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
