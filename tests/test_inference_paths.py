@@ -138,7 +138,8 @@ def test_flop_count_independent_of_banding(monkeypatch):
 def test_tokens_to_nchw(requires_grad):
     from paca_mm.models.layers.common import tokens_to_map, tokens_to_nchw
     x = torch.randn(2, 7 * 5, 3, requires_grad=requires_grad)
-    out = tokens_to_nchw(x, (7, 5), chunk=3)
+    with torch.set_grad_enabled(requires_grad):  # inference: the chunked copy
+        out = tokens_to_nchw(x, (7, 5), chunk=3)
     assert out.is_contiguous() and out.shape == (2, 3, 7, 5)
     assert torch.equal(out, tokens_to_map(x, (7, 5)))
     if requires_grad:

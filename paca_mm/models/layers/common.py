@@ -18,14 +18,21 @@ def map_to_tokens(x: torch.Tensor) -> torch.Tensor:
     return x.permute(0, 2, 3, 1).reshape(B, H * W, C)
 
 
+def cpu_inference(x: torch.Tensor) -> bool:
+    """Whether ``x`` is in eager CPU inference: on the CPU, no autograd, no autocast, and not
+    being compiled or traced (the precondition of every CPU-inference fast path here)."""
+    return (x.device.type == 'cpu' and not torch.is_grad_enabled()
+            and not torch.is_autocast_enabled('cpu') and not torch.compiler.is_compiling()
+            and not torch.jit.is_tracing())
+
+
 def tokens_to_nchw(x: torch.Tensor, hw: Tuple[int, int], chunk: int = 1024) -> torch.Tensor:
     """(B, N, C) tokens -> a contiguous (B, C, H, W) map (a copy).
 
-    Without autograd the transpose is copied ``chunk`` tokens at a time, so that source and
+    In CPU inference the transpose is copied ``chunk`` tokens at a time, so that source and
     destination stay in cache (2x faster than one strided copy at N = 64000, C = 96).
     """
-    if ((torch.is_grad_enabled() and x.requires_grad) or torch.compiler.is_compiling()
-            or torch.jit.is_tracing() or x.shape[1] <= 4 * chunk):
+    if not cpu_inference(x) or x.shape[1] <= 4 * chunk:
         return tokens_to_map(x, hw).contiguous()
     B, N, C = x.shape
     out = x.new_empty(B, C, N)
@@ -69,9 +76,7 @@ _FUSED_CONV_GELU = _fused_conv_gelu_available()
 def conv_gelu_fusable(x: torch.Tensor) -> bool:
     """Whether :func:`conv_gelu` may use oneDNN's fused kernel on ``x``: CPU inference
     (no autograd, autocast, compile or tracing) in a torch build that has it."""
-    return (_FUSED_CONV_GELU and x.device.type == 'cpu' and not torch.is_grad_enabled()
-            and x.dtype == torch.float32 and not torch.is_autocast_enabled('cpu')
-            and not torch.compiler.is_compiling() and not torch.jit.is_tracing())
+    return _FUSED_CONV_GELU and x.dtype == torch.float32 and cpu_inference(x)
 
 
 def conv_gelu(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
@@ -116,9 +121,7 @@ class ConvFFN(nn.Module):
                    residual: Optional[torch.Tensor]) -> int:
         """Rows per band for the banded CPU inference path; 0 = run unbanded (also while
         torch.compile or a tracer such as the FLOP counter records the graph)."""
-        if (self.training or x.device.type != 'cpu' or torch.is_grad_enabled()
-                or torch.is_autocast_enabled('cpu') or torch.compiler.is_compiling()
-                or torch.jit.is_tracing() or not x.is_contiguous()
+        if (self.training or not cpu_inference(x) or not x.is_contiguous()
                 or (residual is not None and not residual.is_contiguous())
                 or not isinstance(self.act, nn.GELU) or self.act.approximate != 'none'):
             return 0
