@@ -161,3 +161,60 @@ def test_conv_clustering_fused_gelu_matches_modules(monkeypatch):
         ref = m(x, (9, 7))
     assert fused.shape == (2, 5, 63) and fused.stride() == ref.stride()
     torch.testing.assert_close(fused, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('onednn', [True, False])
+@pytest.mark.parametrize('with_residual', [False, True])
+@pytest.mark.parametrize('grad', [False, True])
+def test_linear_helper_equals_f_linear(onednn, with_residual, grad, monkeypatch):
+    """common.linear: oneDNN matmul (bias and residual in the output pass) in CPU inference,
+    F.linear (+ residual) elsewhere; the same values, autograd intact on the fallback."""
+    from paca_mm.models.layers import common
+    if onednn and not common._ONEDNN_LINEAR:
+        pytest.skip('this torch build has no oneDNN linear')
+    monkeypatch.setattr(common, '_ONEDNN_LINEAR', onednn)
+    lin = torch.nn.Linear(12, 20)
+    x = torch.randn(2, 33, 12)[:, ::3]  # a strided (B, N, C) input
+    res = torch.randn(2, 11, 20)
+    ref = torch.nn.functional.linear(x, lin.weight, lin.bias) + (res if with_residual else 0)
+    with torch.set_grad_enabled(grad):
+        out = common.linear(x, lin.weight, lin.bias, res if with_residual else None)
+    torch.testing.assert_close(out, ref.detach() if not grad else ref, rtol=1e-5, atol=1e-5)
+    assert out.requires_grad == grad
+    if grad:
+        out.sum().backward()
+        assert lin.weight.grad is not None
+    # a residual that does not match the output shape is broadcast as by `+`
+    with torch.no_grad():
+        out = common.linear(x, lin.weight, lin.bias, res[:1])
+    torch.testing.assert_close(out, torch.nn.functional.linear(x, lin.weight, lin.bias) + res[:1])
+
+
+def test_cluster_softmax_without_autograd_is_stable_for_large_logits():
+    """The no-autograd path (max / exp / sum / divide) subtracts the max: no overflow."""
+    logits_nm = torch.randn(2, 300, 5) * 1e4
+    with torch.no_grad():
+        z = cluster_softmax(logits_nm.transpose(1, 2))
+    ref = torch.softmax(logits_nm.transpose(1, 2).contiguous(), dim=-1)
+    assert torch.isfinite(z).all()
+    torch.testing.assert_close(z, ref)
+    torch.testing.assert_close(z.sum(-1), torch.ones(2, 5))
+
+
+@pytest.mark.parametrize('train', [False, True])
+def test_attention_residual_argument(train):
+    """PaCaAttention(..., residual=r) returns attention + r (what PaCaBlock relies on), with
+    the projection's dropout applied before the add in training."""
+    from paca_mm.models.layers import PaCaAttention
+    torch.manual_seed(0)
+    attn = PaCaAttention(16, 2, 5, 'conv', proj_drop=0.5 if train else 0.).train(train)
+    x, r = torch.randn(2, 12, 16), torch.randn(2, 12, 16)
+    torch.manual_seed(1)
+    ref = attn(x, (3, 4))[0] + r
+    torch.manual_seed(1)
+    out = attn(x, (3, 4), residual=r)[0]
+    torch.testing.assert_close(out, ref)
+    with torch.no_grad():
+        attn.eval()
+        torch.testing.assert_close(attn(x, (3, 4), residual=r)[0], attn(x, (3, 4))[0] + r,
+                                   rtol=1e-5, atol=1e-5)

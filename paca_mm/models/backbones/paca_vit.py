@@ -158,13 +158,18 @@ class PaCaBlock(nn.Module):
             self.gamma1 = self.gamma2 = None
 
     def forward(self, x, hw, z=None):
-        a, z, logits = self.attn(self.norm1_before(x), hw, z)
-        if self.gamma1 is not None:
-            a = self.gamma1 * a
-        # The branch outputs are fresh tensors no backward needs: add the residual in place
-        # (saves a full-size allocation per add).
-        x = self.drop_path(a).add_(x)
-        if self.gamma2 is None and (not self.training or not isinstance(self.drop_path, DropPath)):
+        plain = not self.training or not isinstance(self.drop_path, DropPath)
+        if self.gamma1 is None and plain:
+            # the residual is added in the attention's output projection
+            x, z, logits = self.attn(self.norm1_before(x), hw, z, residual=x)
+        else:
+            a, z, logits = self.attn(self.norm1_before(x), hw, z)
+            if self.gamma1 is not None:
+                a = self.gamma1 * a
+            # The branch output is a fresh tensor no backward needs: add the residual in
+            # place (saves a full-size allocation per add).
+            x = self.drop_path(a).add_(x)
+        if self.gamma2 is None and plain:
             # x is this block's own tensor now: the FFN adds its output to it in place.
             return self.mlp(x, hw, residual=x, pre_norm=self.norm2_before), z, logits
         f = self.mlp(self.norm2_before(x), hw)

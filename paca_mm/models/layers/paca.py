@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .common import conv_gelu, conv_gelu_fusable, map_to_tokens, tokens_to_map
+from .common import conv_gelu, conv_gelu_fusable, linear, map_to_tokens, tokens_to_map
 
 CLUSTERING_TYPES = ('conv', 'mlp', 'linear')
 # Names used by the official configs (``paca_cfg.type``).
@@ -99,7 +99,13 @@ def cluster_softmax(logits: torch.Tensor) -> torch.Tensor:
         # A transposed view of (B, N, M) memory (what the clustering modules return):
         # softmax over N in that layout (vectorised along M) and return the same view,
         # instead of transposing to (B, M, N) memory first (2.3x faster at N = 64000).
-        return torch.softmax(logits.transpose(1, 2), dim=1).transpose(1, 2)
+        t = logits.transpose(1, 2)
+        if not (torch.is_grad_enabled() and t.requires_grad):
+            # Without autograd, as max / exp / sum / divide passes: aten's softmax over a
+            # non-last dim is 1.7x slower here (29.6 -> 17.1 ms at N = 64000, M = 100).
+            e = torch.sub(t, t.amax(1, keepdim=True)).exp_()
+            return e.div_(e.sum(1, keepdim=True)).transpose(1, 2)
+        return torch.softmax(t, dim=1).transpose(1, 2)
     return torch.softmax(logits, dim=-1)
 
 
@@ -141,16 +147,18 @@ class PaCaAttention(nn.Module):
     def _fused(x: torch.Tensor, *linears: nn.Linear) -> torch.Tensor:
         """``cat([l(x) for l in linears], -1)`` as one GEMM (the separate q/k/v Linear
         modules are kept so checkpoint keys match the official ones)."""
-        return F.linear(x, torch.cat([m.weight for m in linears]),
-                        torch.cat([m.bias for m in linears]))
+        return linear(x, torch.cat([m.weight for m in linears]),
+                      torch.cat([m.bias for m in linears]))
 
     @property
     def owns_clustering(self) -> bool:
         return hasattr(self, 'clustering')
 
     def forward(self, x: torch.Tensor, hw: Tuple[int, int],
-                z: Optional[torch.Tensor] = None):
-        """x: (B, N, C) normalised tokens; z: optional (B, M, N) float32 assignment.
+                z: Optional[torch.Tensor] = None, residual: Optional[torch.Tensor] = None):
+        """x: (B, N, C) normalised tokens; z: optional (B, M, N) float32 assignment;
+        residual: optional (B, N, C) added to the output (in the projection's output pass
+        where :func:`linear` can).
 
         Returns ``(out (B, N, C), z (B, M, N) or None, logits (B, M, N) or None)``;
         ``logits`` are the pre-softmax clustering scores when this layer computed them.
@@ -165,7 +173,7 @@ class PaCaAttention(nn.Module):
                 raise RuntimeError('this PaCa layer has no clustering module and was not '
                                    'given a cluster assignment z')
             c = self.cluster_norm(torch.matmul(z.to(x.dtype), x))  # (B, M, C)
-            q = self.q(x)
+            q = linear(x, self.q.weight, self.q.bias)
             k, v = self._fused(c, self.k, self.v).chunk(2, dim=-1)  # one GEMM for K and V
         else:  # plain MHSA: one GEMM for Q, K and V
             q, k, v = self._fused(x, self.q, self.k, self.v).chunk(3, dim=-1)
@@ -175,5 +183,8 @@ class PaCaAttention(nn.Module):
         v = v.reshape(B, -1, h, C // h).transpose(1, 2)
         out = F.scaled_dot_product_attention(
             q, k, v, dropout_p=self.attn_drop if self.training else 0.)
-        out = self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))
-        return out, z, logits
+        out = out.transpose(1, 2).reshape(B, N, C)
+        if residual is not None and not (self.training and self.proj_drop.p > 0):
+            return linear(out, self.proj.weight, self.proj.bias, residual), z, logits
+        out = self.proj_drop(linear(out, self.proj.weight, self.proj.bias))
+        return (out if residual is None else out + residual), z, logits
