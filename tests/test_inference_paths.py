@@ -218,3 +218,31 @@ def test_attention_residual_argument(train):
         attn.eval()
         torch.testing.assert_close(attn(x, (3, 4), residual=r)[0], attn(x, (3, 4))[0] + r,
                                    rtol=1e-5, atol=1e-5)
+
+
+def test_folded_stem_equals_two_convs():
+    """Stem in CPU inference: the composed 7x7 stride-4 conv with recomputed border rows and
+    columns equals the two 3x3 stride-2 convs, for odd and even sizes; the composed weights
+    follow parameter updates (load_state_dict)."""
+    from paca_mm.models.backbones.paca_vit import Stem
+    torch.manual_seed(0)
+    stem = Stem(3, 16).eval()
+    with torch.no_grad():
+        for p in stem.parameters():
+            p.normal_(0, 0.3)
+    for hw in [(17, 17), (18, 21), (19, 40), (33, 20), (64, 36)]:
+        x = torch.randn(2, 3, *hw).contiguous(memory_format=torch.channels_last)
+        with torch.no_grad():
+            ref = stem.norm(stem.proj(x))
+            out = stem(x)
+        assert stem._folded_cache is not None  # the folded path ran
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    new = {k: torch.randn_like(v) for k, v in stem.state_dict().items()}
+    stem.load_state_dict(new)
+    with torch.no_grad():
+        torch.testing.assert_close(stem(x), stem.norm(stem.proj(x)), rtol=1e-5, atol=1e-5)
+    # with autograd the two convs run (the folded weights are not even built)
+    stem._folded_cache = None
+    stem(x).sum().backward()
+    assert stem._folded_cache is None
+    assert stem.proj[0].weight.grad is not None
