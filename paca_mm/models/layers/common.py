@@ -164,12 +164,15 @@ class ConvFFN(nn.Module):
             return self.forward_banded(x, hw, rows, residual, pre_norm)
         if pre_norm is not None:
             x = pre_norm(x)
-        x = self.dwconv(self.fc1(x), hw)
+        x = self.dwconv(linear(x, self.fc1.weight, self.fc1.bias), hw)
         if torch.is_grad_enabled() and x.requires_grad:
             x = self.act(x)
         else:
             x = torch.ops.aten.gelu_(x)
-        x = self.drop(self.fc2(self.drop(x)))
+        x = self.drop(x)
+        if residual is not None and not (self.training and self.drop.p > 0):
+            return linear(x, self.fc2.weight, self.fc2.bias, residual)
+        x = self.drop(linear(x, self.fc2.weight, self.fc2.bias))
         return x if residual is None else x.add_(residual)
 
     def forward_banded(self, x: torch.Tensor, hw: Tuple[int, int], rows: int,
