@@ -202,7 +202,7 @@ class PaCaBlock(nn.Module):
         plain = not self.training or not isinstance(self.drop_path, DropPath)
         if self.gamma1 is None and plain:
             # the residual is added in the attention's output projection
-            x, z, logits = self.attn(self.norm1_before(x), hw, z, residual=x)
+            x, z, logits = self.attn(x, hw, z, residual=x, pre_norm=self.norm1_before)
         else:
             a, z, logits = self.attn(self.norm1_before(x), hw, z)
             if self.gamma1 is not None:

@@ -155,14 +155,19 @@ class PaCaAttention(nn.Module):
         return hasattr(self, 'clustering')
 
     def forward(self, x: torch.Tensor, hw: Tuple[int, int],
-                z: Optional[torch.Tensor] = None, residual: Optional[torch.Tensor] = None):
-        """x: (B, N, C) normalised tokens; z: optional (B, M, N) float32 assignment;
-        residual: optional (B, N, C) added to the output (in the projection's output pass
-        where :func:`linear` can).
+                z: Optional[torch.Tensor] = None, residual: Optional[torch.Tensor] = None,
+                pre_norm: Optional[nn.Module] = None):
+        """x: (B, N, C) tokens (normalised, or normalised here by ``pre_norm``); z: optional
+        (B, M, N) float32 assignment; residual: optional (B, N, C) added to the output (in
+        the projection's output pass where :func:`linear` can).
 
         Returns ``(out (B, N, C), z (B, M, N) or None, logits (B, M, N) or None)``;
         ``logits`` are the pre-softmax clustering scores when this layer computed them.
+        Each (B, N, C) intermediate is released as soon as it is used, so that the
+        allocator can reuse its memory for the next one.
         """
+        if pre_norm is not None:
+            x = pre_norm(x)
         B, N, C = x.shape
         logits = None
         if self.num_clusters > 0:
@@ -177,12 +182,14 @@ class PaCaAttention(nn.Module):
             k, v = self._fused(c, self.k, self.v).chunk(2, dim=-1)  # one GEMM for K and V
         else:  # plain MHSA: one GEMM for Q, K and V
             q, k, v = self._fused(x, self.q, self.k, self.v).chunk(3, dim=-1)
+        del x
         h = self.num_heads
         q = q.view(B, N, h, C // h).transpose(1, 2)
         k = k.reshape(B, -1, h, C // h).transpose(1, 2)
         v = v.reshape(B, -1, h, C // h).transpose(1, 2)
         out = F.scaled_dot_product_attention(
             q, k, v, dropout_p=self.attn_drop if self.training else 0.)
+        del q, k, v
         out = out.transpose(1, 2).reshape(B, N, C)
         if residual is not None and not (self.training and self.proj_drop.p > 0):
             return linear(out, self.proj.weight, self.proj.bias, residual), z, logits
