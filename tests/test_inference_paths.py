@@ -246,3 +246,22 @@ def test_folded_stem_equals_two_convs():
     stem(x).sum().backward()
     assert stem._folded_cache is None
     assert stem.proj[0].weight.grad is not None
+
+
+def test_backbone_under_inference_mode():
+    """The CPU-inference fast paths also run under torch.inference_mode, including a model
+    built there (inference-tensor parameters have no version counter to key caches on)."""
+    torch.manual_seed(0)
+    model = PaCaViT('tiny').eval()
+    x = torch.randn(2, 3, 96, 80)
+    with torch.no_grad():
+        ref = model(x)
+    with torch.inference_mode():
+        out = model(x)
+        built_here = PaCaViT('tiny').eval()
+        built_here.load_state_dict(model.state_dict())
+        assert built_here.patch_embed.proj[0].weight.is_inference()
+        out2 = built_here(x)
+    for r, a, b in zip(ref, out, out2):
+        torch.testing.assert_close(a, r)
+        torch.testing.assert_close(b, r)

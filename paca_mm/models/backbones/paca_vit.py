@@ -134,8 +134,11 @@ class Stem(nn.Module):
         """(weight (C, in, 7, 7), bias (C,)) of conv2 o conv1, cached until a parameter changes."""
         c1, c2 = self.proj
         params = (c1.weight, c1.bias, c2.weight, c2.bias)
-        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
-        if self._folded_cache is None or self._folded_cache[0] != key:
+        # inference tensors (parameters created under torch.inference_mode) have no version
+        # counter: no caching for them
+        key = None if any(p.is_inference() for p in params) else tuple(
+            (p.data_ptr(), p._version, p.dtype, p.device) for p in params)
+        if key is None or self._folded_cache is None or self._folded_cache[0] != key:
             w = c1.weight.new_zeros(c2.out_channels, c1.in_channels, 7, 7)
             for a in range(3):
                 for b in range(3):  # conv2 tap (a, b) sees conv1 taps shifted by (2a, 2b)
