@@ -265,3 +265,44 @@ def test_backbone_under_inference_mode():
     for r, a, b in zip(ref, out, out2):
         torch.testing.assert_close(a, r)
         torch.testing.assert_close(b, r)
+
+
+def test_replaced_or_hooked_linears_are_called_as_modules():
+    """The direct weight/bias fast paths (oneDNN matmul, fused K/V) only apply to plain
+    nn.Linear modules: a hook on attn.q / attn.proj fires, and a replaced attn.k (e.g. an
+    adapter) is called, in eval + no_grad as in training."""
+    from paca_mm.models.layers import PaCaAttention
+
+    class Scaled(torch.nn.Linear):
+        calls = 0
+
+        def forward(self, x):
+            Scaled.calls += 1
+            return 2 * super().forward(x)
+
+    torch.manual_seed(0)
+    attn = PaCaAttention(16, 2, 5, 'conv').eval()
+    x = torch.randn(1, 12, 16)
+    with torch.no_grad():
+        ref = attn(x, (3, 4))[0]
+    seen = []
+    hooks = [attn.q.register_forward_hook(lambda m, i, o: seen.append('q')),
+             attn.proj.register_forward_hook(lambda m, i, o: seen.append('proj'))]
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x, (3, 4))[0], ref, rtol=1e-5, atol=1e-5)
+    assert seen == ['q', 'proj']
+    for h in hooks:
+        h.remove()
+    import copy
+    doubled = copy.deepcopy(attn)  # the same function with plain Linear keys
+    with torch.no_grad():
+        doubled.k.weight.mul_(2)
+        doubled.k.bias.mul_(2)
+        expected = doubled(x, (3, 4))[0]
+    k = Scaled(16, 16)
+    k.load_state_dict(attn.k.state_dict())
+    attn.k = k
+    with torch.no_grad():
+        out = attn(x, (3, 4))[0]
+    assert Scaled.calls == 1
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)

@@ -100,6 +100,24 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     return y if residual is None else y + residual
 
 
+def plain_linear(m: nn.Module) -> bool:
+    """Whether ``m`` is exactly an ``nn.Linear`` without hooks, i.e. ``m(x)`` may be computed
+    from its weight and bias directly. A replaced or wrapped module (LoRA, quantised, ...) or
+    one with hooks is called as a module instead."""
+    return (type(m) is nn.Linear and not m._forward_hooks and not m._forward_pre_hooks
+            and not nn.modules.module._global_forward_hooks
+            and not nn.modules.module._global_forward_pre_hooks)
+
+
+def apply_linear(m: nn.Module, x: torch.Tensor,
+                 residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``m(x)`` (+ ``residual``), through :func:`linear` where :func:`plain_linear`."""
+    if plain_linear(m):
+        return linear(x, m.weight, m.bias, residual)
+    y = m(x)
+    return y if residual is None else y + residual
+
+
 def conv_gelu_fusable(x: torch.Tensor) -> bool:
     """Whether :func:`conv_gelu` may use oneDNN's fused kernel on ``x``: CPU inference
     (no autograd, autocast, compile or tracing) in a torch build that has it."""
@@ -164,15 +182,15 @@ class ConvFFN(nn.Module):
             return self.forward_banded(x, hw, rows, residual, pre_norm)
         if pre_norm is not None:
             x = pre_norm(x)
-        x = self.dwconv(linear(x, self.fc1.weight, self.fc1.bias), hw)
+        x = self.dwconv(apply_linear(self.fc1, x), hw)
         if torch.is_grad_enabled() and x.requires_grad:
             x = self.act(x)
         else:
             x = torch.ops.aten.gelu_(x)
         x = self.drop(x)
         if residual is not None and not (self.training and self.drop.p > 0):
-            return linear(x, self.fc2.weight, self.fc2.bias, residual)
-        x = self.drop(linear(x, self.fc2.weight, self.fc2.bias))
+            return apply_linear(self.fc2, x, residual)
+        x = self.drop(apply_linear(self.fc2, x))
         return x if residual is None else x.add_(residual)
 
     def forward_banded(self, x: torch.Tensor, hw: Tuple[int, int], rows: int,

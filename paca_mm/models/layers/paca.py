@@ -12,7 +12,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .common import conv_gelu, conv_gelu_fusable, linear, map_to_tokens, tokens_to_map
+from .common import (apply_linear, conv_gelu, conv_gelu_fusable, linear, map_to_tokens,
+                     plain_linear, tokens_to_map)
 
 CLUSTERING_TYPES = ('conv', 'mlp', 'linear')
 # Names used by the official configs (``paca_cfg.type``).
@@ -146,7 +147,10 @@ class PaCaAttention(nn.Module):
     @staticmethod
     def _fused(x: torch.Tensor, *linears: nn.Linear) -> torch.Tensor:
         """``cat([l(x) for l in linears], -1)`` as one GEMM (the separate q/k/v Linear
-        modules are kept so checkpoint keys match the official ones)."""
+        modules are kept so checkpoint keys match the official ones); module calls where one
+        of them is not a plain ``nn.Linear`` (see :func:`plain_linear`)."""
+        if not all(plain_linear(m) for m in linears):
+            return torch.cat([m(x) for m in linears], dim=-1)
         return linear(x, torch.cat([m.weight for m in linears]),
                       torch.cat([m.bias for m in linears]))
 
@@ -178,7 +182,7 @@ class PaCaAttention(nn.Module):
                 raise RuntimeError('this PaCa layer has no clustering module and was not '
                                    'given a cluster assignment z')
             c = self.cluster_norm(torch.matmul(z.to(x.dtype), x))  # (B, M, C)
-            q = linear(x, self.q.weight, self.q.bias)
+            q = apply_linear(self.q, x)
             k, v = self._fused(c, self.k, self.v).chunk(2, dim=-1)  # one GEMM for K and V
         else:  # plain MHSA: one GEMM for Q, K and V
             q, k, v = self._fused(x, self.q, self.k, self.v).chunk(3, dim=-1)
@@ -192,6 +196,6 @@ class PaCaAttention(nn.Module):
         del q, k, v
         out = out.transpose(1, 2).reshape(B, N, C)
         if residual is not None and not (self.training and self.proj_drop.p > 0):
-            return linear(out, self.proj.weight, self.proj.bias, residual), z, logits
-        out = self.proj_drop(linear(out, self.proj.weight, self.proj.bias))
+            return apply_linear(self.proj, out, residual), z, logits
+        out = self.proj_drop(apply_linear(self.proj, out))
         return (out if residual is None else out + residual), z, logits
