@@ -306,3 +306,32 @@ def test_replaced_or_hooked_linears_are_called_as_modules():
         out = attn(x, (3, 4))[0]
     assert Scaled.calls == 1
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_hooked_modules_switch_off_the_banded_ffn_and_fused_clustering():
+    """The banded FFN and the fused clustering convs read their modules' parameters; with a
+    hook on one of those modules they run the module path, so the hook fires (same values)."""
+    from paca_mm.models.layers.paca import ConvClustering
+    ffn = _ffn()
+    ffn.band_bytes = 3 * 5 * 24 * 4  # 3 rows of the 5-wide, 24-channel hidden map
+    x = torch.randn(1, 40 * 5, 8)
+    with torch.no_grad():
+        ref = ffn(x, (40, 5))
+        assert ffn._band_rows(x, (40, 5), None) == 3
+    seen = []
+    h = ffn.fc1.register_forward_hook(lambda m, i, o: seen.append('fc1'))
+    with torch.no_grad():
+        assert ffn._band_rows(x, (40, 5), None) == 0
+        torch.testing.assert_close(ffn(x, (40, 5)), ref, rtol=1e-5, atol=1e-5)
+    assert seen == ['fc1']
+    h.remove()
+    torch.manual_seed(0)
+    clu = ConvClustering(8, 3).eval()
+    xc = torch.randn(1, 30, 8)
+    with torch.no_grad():
+        ref = clu(xc, (6, 5))
+    h = clu.clustering[0].register_forward_hook(lambda m, i, o: seen.append('dw'))
+    with torch.no_grad():
+        torch.testing.assert_close(clu(xc, (6, 5)), ref, rtol=1e-5, atol=1e-5)
+    assert seen == ['fc1', 'dw']
+    h.remove()

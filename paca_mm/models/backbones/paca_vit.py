@@ -21,7 +21,7 @@ from mmengine.model import BaseModule
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..layers.common import (ConvFFN, LayerNorm2d, cpu_inference, map_to_tokens,
-                             tokens_to_map, tokens_to_nchw)
+                             plain_module, tokens_to_map, tokens_to_nchw)
 from ..layers.paca import (CLUSTERING_TYPES, OFFICIAL_CLUSTERING_NAMES,
                            PaCaAttention)
 from .paca_teacher import ConvMixerTeacher
@@ -163,8 +163,7 @@ class Stem(nn.Module):
     def forward(self, x):
         if (self.fold and x.dtype == torch.float32 and cpu_inference(x)
                 and x.shape[2] > 16 and x.shape[3] > 16
-                and all(type(c) is nn.Conv2d and not c._forward_hooks
-                        and not c._forward_pre_hooks for c in self.proj)):
+                and all(plain_module(c, nn.Conv2d) for c in self.proj)):
             return self.norm(self._proj_folded(x))
         return self.norm(self.proj(x))
 

@@ -100,19 +100,20 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     return y if residual is None else y + residual
 
 
-def plain_linear(m: nn.Module) -> bool:
-    """Whether ``m`` is exactly an ``nn.Linear`` without hooks, i.e. ``m(x)`` may be computed
-    from its weight and bias directly. A replaced or wrapped module (LoRA, quantised, ...) or
-    one with hooks is called as a module instead."""
-    return (type(m) is nn.Linear and not m._forward_hooks and not m._forward_pre_hooks
+def plain_module(m: nn.Module, cls: type) -> bool:
+    """Whether ``m`` is exactly a ``cls`` (e.g. ``nn.Linear``, ``nn.Conv2d``) without hooks,
+    i.e. ``m(x)`` may be computed from its weight and bias directly. Every fast path that
+    reads a module's parameters instead of calling it checks this: a replaced or wrapped
+    module (LoRA, quantised, ...) or one with hooks is called as a module instead."""
+    return (type(m) is cls and not m._forward_hooks and not m._forward_pre_hooks
             and not nn.modules.module._global_forward_hooks
             and not nn.modules.module._global_forward_pre_hooks)
 
 
 def apply_linear(m: nn.Module, x: torch.Tensor,
                  residual: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``m(x)`` (+ ``residual``), through :func:`linear` where :func:`plain_linear`."""
-    if plain_linear(m):
+    """``m(x)`` (+ ``residual``), through :func:`linear` where :func:`plain_module`."""
+    if plain_module(m, nn.Linear):
         return linear(x, m.weight, m.bias, residual)
     y = m(x)
     return y if residual is None else y + residual
@@ -168,7 +169,9 @@ class ConvFFN(nn.Module):
         torch.compile or a tracer such as the FLOP counter records the graph)."""
         if (self.training or not cpu_inference(x) or not x.is_contiguous()
                 or (residual is not None and not residual.is_contiguous())
-                or not isinstance(self.act, nn.GELU) or self.act.approximate != 'none'):
+                or not isinstance(self.act, nn.GELU) or self.act.approximate != 'none'
+                or not (plain_module(self.fc1, nn.Linear) and plain_module(self.fc2, nn.Linear)
+                        and plain_module(self.dwconv.dwconv, nn.Conv2d))):
             return 0
         row_bytes = hw[1] * self.fc1.out_features * x.element_size()
         rows = max(1, self.band_bytes // row_bytes)

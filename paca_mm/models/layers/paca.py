@@ -13,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .common import (apply_linear, conv_gelu, conv_gelu_fusable, linear, map_to_tokens,
-                     plain_linear, tokens_to_map)
+                     plain_module, tokens_to_map)
 
 CLUSTERING_TYPES = ('conv', 'mlp', 'linear')
 # Names used by the official configs (``paca_cfg.type``).
@@ -41,7 +41,9 @@ class ConvClustering(nn.Module):
     def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
         # channels_last view in, channels_last out: (B, N, M) in memory, no layout copies.
         x = tokens_to_map(x, hw)
-        if self.fuse_gelu and conv_gelu_fusable(x):
+        if (self.fuse_gelu and conv_gelu_fusable(x)
+                and plain_module(self.clustering[0], nn.Conv2d)
+                and plain_module(self.clustering[2], nn.Conv2d)):
             # the same three convs, each GELU applied in the conv's output pass
             dw, pw, out = self.clustering[0], self.clustering[2], self.clustering[4]
             x = conv_gelu(x, dw.weight, dw.bias, dw.padding, dw.groups)
@@ -148,8 +150,8 @@ class PaCaAttention(nn.Module):
     def _fused(x: torch.Tensor, *linears: nn.Linear) -> torch.Tensor:
         """``cat([l(x) for l in linears], -1)`` as one GEMM (the separate q/k/v Linear
         modules are kept so checkpoint keys match the official ones); module calls where one
-        of them is not a plain ``nn.Linear`` (see :func:`plain_linear`)."""
-        if not all(plain_linear(m) for m in linears):
+        of them is not a plain ``nn.Linear`` (see :func:`plain_module`)."""
+        if not all(plain_module(m, nn.Linear) for m in linears):
             return torch.cat([m(x) for m in linears], dim=-1)
         return linear(x, torch.cat([m.weight for m in linears]),
                       torch.cat([m.bias for m in linears]))
