@@ -1,4 +1,6 @@
+import os
 import os.path as osp
+import sys
 
 from setuptools import find_packages, setup
 
@@ -23,6 +25,26 @@ def get_version():
     return scope['__version__']
 
 
+def ext_modules():
+    """The compiled CPU op (paca_mm/ops/csrc). It needs torch at build time (install with
+    ``pip install --no-build-isolation``); without torch, or with PACA_MM_NO_OPS=1, paca_mm
+    installs without it and uses the slower pure-ATen path (paca_mm.ops.status() says why)."""
+    if os.environ.get('PACA_MM_NO_OPS', '0') == '1':
+        return [], {}
+    try:
+        from torch.utils.cpp_extension import BuildExtension, CppExtension
+    except ImportError:
+        print('paca_mm: torch is not importable at build time; building without the '
+              'compiled CPU op (use pip install --no-build-isolation)', file=sys.stderr)
+        return [], {}
+    ext = CppExtension(
+        'paca_mm._ops', ['paca_mm/ops/csrc/conv_ffn.cpp'],
+        extra_compile_args=['-O3', '-fopenmp', '-Wno-psabi'], extra_link_args=['-fopenmp'])
+    return [ext], {'build_ext': BuildExtension.with_options(use_ninja=False)}
+
+
+EXT_MODULES, CMDCLASS = ext_modules()
+
 setup(
     name='paca_mm',
     version=get_version(),
@@ -37,4 +59,6 @@ setup(
     extras_require={'tests': read_requirements('tests.txt')},
     license='Apache-2.0',
     zip_safe=False,
+    ext_modules=EXT_MODULES,
+    cmdclass=CMDCLASS,
 )

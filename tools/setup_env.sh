@@ -16,7 +16,8 @@ CACHE=${PACA_MM_CACHE:-$HOME/.cache/paca_mm}
 MMCV_VERSION=2.1.0
 TORCH_VERSION=$(sed -n 's/^torch==//p' requirements/torch.txt)
 STAMP=$VENV/.paca_mm_env
-WANT=$(cat requirements/*.txt setup.py tools/setup_env.sh 2>/dev/null | sha256sum | cut -c1-16)
+WANT=$(cat requirements/*.txt setup.py tools/setup_env.sh paca_mm/ops/csrc/* 2>/dev/null \
+  | sha256sum | cut -c1-16)
 
 log() { echo "[setup_env] $*"; }
 
@@ -55,6 +56,14 @@ fi
 "${PIP[@]}" install -q -r requirements/mmcv.txt -r requirements/runtime.txt -r requirements/tests.txt \
   -c requirements/torch.txt
 "${PIP[@]}" install -q --no-build-isolation --no-deps -e .
+# The compiled CPU op (paca_mm/ops/csrc) next to the sources: an editable install does not
+# keep it. About 40 s; it needs the venv's torch, hence no build isolation.
+log "building paca_mm's CPU op (paca_mm/_ops*.so)"
+if ! "$VENV/bin/python" setup.py build_ext --inplace --force >"$VENV/paca_mm_ops_build.log" 2>&1; then
+  tail -n 40 "$VENV/paca_mm_ops_build.log"
+  log "building the CPU op failed (log: $VENV/paca_mm_ops_build.log)"; exit 1
+fi
+"$VENV/bin/python" -c "import paca_mm.ops as o; ok, why = o.status(); print('paca_mm CPU op:', why); raise SystemExit(0 if ok else 1)"
 "$VENV/bin/python" -c "import mmcv.ops, mmdet, mmseg, mmpretrain, paca_mm; print('paca_mm', paca_mm.__version__, 'mmcv', mmcv.__version__)"
 echo "$WANT" > "$STAMP"
 log "done"

@@ -5,6 +5,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ... import ops
+
 
 def tokens_to_map(x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
     """(B, N, C) tokens -> (B, C, H, W) map, as a channels_last *view* (no copy)."""
@@ -152,7 +154,14 @@ class ConvFFN(nn.Module):
     ``residual`` in place (pass a tensor nobody else needs; it may be ``x`` itself).
     """
 
-    band_bytes = 6 << 20  # hidden-map bytes per band on the CPU inference path
+    band_bytes = 6 << 20  # hidden-map bytes per band on the ATen CPU inference path
+    # The compiled op (paca_mm.ops): hidden-map bytes per thread and band (at least one
+    # image row), and the largest fc1 + fc2 weights it is used for. Its bands are small
+    # enough for a core's L2 cache, which pays while the weights stay there too; with wider
+    # layers (PaCa-Small's stages 3-4, 3.3 MB of weights) re-reading them per band costs
+    # more than it saves, and the ATen path with its larger bands is faster.
+    op_band_bytes = 512 << 10
+    op_max_weight_bytes = 1536 << 10
 
     def __init__(self, dim: int, mlp_ratio: float = 4, drop: float = 0.):
         super().__init__()
@@ -163,23 +172,43 @@ class ConvFFN(nn.Module):
         self.fc2 = nn.Linear(hidden, dim)
         self.drop = nn.Dropout(drop)
 
+    def _fast_inference(self, x: torch.Tensor, residual: Optional[torch.Tensor]) -> bool:
+        """Whether a CPU inference path (the compiled op or the banded one) may compute this
+        call: eval mode, CPU inference (not while torch.compile or a tracer such as the FLOP
+        counter records the graph), contiguous tensors, exact GELU, and plain fc1 / dwconv /
+        fc2 modules (hooks or replaced modules make the FFN run module by module)."""
+        return not (self.training or not cpu_inference(x) or not x.is_contiguous()
+                    or (residual is not None and not residual.is_contiguous())
+                    or not isinstance(self.act, nn.GELU) or self.act.approximate != 'none'
+                    or not (plain_module(self.fc1, nn.Linear)
+                            and plain_module(self.fc2, nn.Linear)
+                            and plain_module(self.dwconv.dwconv, nn.Conv2d)))
+
     def _band_rows(self, x: torch.Tensor, hw: Tuple[int, int],
                    residual: Optional[torch.Tensor]) -> int:
-        """Rows per band for the banded CPU inference path; 0 = run unbanded (also while
-        torch.compile or a tracer such as the FLOP counter records the graph)."""
-        if (self.training or not cpu_inference(x) or not x.is_contiguous()
-                or (residual is not None and not residual.is_contiguous())
-                or not isinstance(self.act, nn.GELU) or self.act.approximate != 'none'
-                or not (plain_module(self.fc1, nn.Linear) and plain_module(self.fc2, nn.Linear)
-                        and plain_module(self.dwconv.dwconv, nn.Conv2d))):
+        """Rows per band for the banded ATen CPU inference path; 0 = run unbanded."""
+        if not self._fast_inference(x, residual):
             return 0
         row_bytes = hw[1] * self.fc1.out_features * x.element_size()
         rows = max(1, self.band_bytes // row_bytes)
         return rows if rows < hw[0] else 0
 
+    def _use_op(self, x: torch.Tensor, hw: Tuple[int, int],
+                residual: Optional[torch.Tensor]) -> bool:
+        """Whether the compiled op (:mod:`paca_mm.ops`) computes this call: the banded
+        path's conditions, float32, a hidden width that is a multiple of 16, biases, and
+        weights of at most ``op_max_weight_bytes``."""
+        weight_bytes = 4 * (self.fc1.weight.numel() + self.fc2.weight.numel())
+        return (x.dtype == torch.float32 and x.dim() == 3 and self.fc1.out_features % 16 == 0
+                and weight_bytes <= self.op_max_weight_bytes and self.fc1.bias is not None and self.fc2.bias is not None
+                and self.dwconv.dwconv.bias is not None
+                and self._fast_inference(x, residual) and ops.available())
+
     def forward(self, x: torch.Tensor, hw: Tuple[int, int],
                 residual: Optional[torch.Tensor] = None,
                 pre_norm: Optional[nn.Module] = None) -> torch.Tensor:
+        if self._use_op(x, hw, residual):
+            return self.forward_op(x, hw, residual, pre_norm)
         rows = self._band_rows(x, hw, residual)
         if rows:
             return self.forward_banded(x, hw, rows, residual, pre_norm)
@@ -195,6 +224,32 @@ class ConvFFN(nn.Module):
             return apply_linear(self.fc2, x, residual)
         x = self.drop(apply_linear(self.fc2, x))
         return x if residual is None else x.add_(residual)
+
+    def forward_op(self, x: torch.Tensor, hw: Tuple[int, int],
+                   residual: Optional[torch.Tensor] = None,
+                   pre_norm: Optional[nn.Module] = None) -> torch.Tensor:
+        """The same function by ``torch.ops.paca_mm.conv_ffn_inference`` (CPU float32
+        inference; see :mod:`paca_mm.ops`): each thread runs its share of the image rows a few
+        rows at a time, LN to fc2 in one pass while the band's hidden map is in its L2 cache.
+        ``residual`` may be ``x`` itself (the sum is written into it in place)."""
+        C, hidden = x.shape[-1], self.fc1.out_features
+        ln_w = ln_b = None
+        eps = 0.
+        if pre_norm is not None:
+            if (plain_module(pre_norm, nn.LayerNorm) and pre_norm.normalized_shape == (C,)
+                    and pre_norm.weight is not None and pre_norm.bias is not None):
+                ln_w, ln_b, eps = pre_norm.weight, pre_norm.bias, pre_norm.eps
+            else:
+                x = pre_norm(x)
+        conv = self.dwconv.dwconv
+        w9 = conv.weight.reshape(hidden, 9).t().contiguous()
+        w9[4] += 1  # DWConv(h) + h: the shortcut is the centre tap + 1
+        out = torch.empty_like(x) if residual is None else residual
+        rows = max(1, self.op_band_bytes // (hw[1] * hidden * x.element_size()))
+        torch.ops.paca_mm.conv_ffn_inference(
+            x.contiguous(), hw[0], hw[1], ln_w, ln_b, eps, self.fc1.weight, self.fc1.bias, w9,
+            conv.bias, self.fc2.weight, self.fc2.bias, out, residual is not None, rows)
+        return out
 
     def forward_banded(self, x: torch.Tensor, hw: Tuple[int, int], rows: int,
                        residual: Optional[torch.Tensor] = None,

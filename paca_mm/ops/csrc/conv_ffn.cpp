@@ -1,0 +1,274 @@
+// The ConvFFN of a PaCa block for float32 CPU inference, in one op:
+//
+//   out (+)= fc2(GELU(DWConv3x3(h) + h)) with h = fc1(LN(x)),  x, out: (B, H*W, C)
+//
+// The image is split into one chunk of rows per thread; each thread runs its chunk a few rows
+// at a time (LN, fc1 GEMM, depth-wise 3x3 + exact GELU, fc2 GEMM into `out`), so a band's
+// hidden map (rows x W x rC) stays in that core's L2 cache instead of streaming through L3
+// between ops. The GEMMs are ATen's (single-threaded inside the parallel region); the
+// depth-wise conv + GELU is the vectorised loop below. fc1's bias is folded into it (the
+// zero padding of the conv then reads -b1, which is what padding the biased map with zeros
+// means), so fc1 is a plain GEMM.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
+#include <c10/core/GradMode.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+typedef float v16f __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+#define PACA_INLINE inline __attribute__((always_inline))
+
+PACA_INLINE v16f vload(const float* p) {
+  v16f v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+PACA_INLINE void vstore(float* p, v16f v) { std::memcpy(p, &v, sizeof(v)); }
+PACA_INLINE v16f vset(float x) { return v16f{} + x; }
+
+// exp(x) for x in [-87, 0]: 2^n p(r), |relative error| < 2e-7 (Cephes' expf polynomial).
+PACA_INLINE v16f exp_nonpositive(v16f x) {
+  x = x < -87.0f ? vset(-87.0f) : x;
+  const v16f n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x / ln 2)
+  v16f r = x - n * 0.693145751953125f;
+  r = r - n * 1.428606765330187045e-06f;
+  v16f p = vset(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const v16i e = (__builtin_convertvector(n, v16i) + 127) << 23;
+  v16f s;
+  std::memcpy(&s, &e, sizeof(s));
+  return p * s;
+}
+
+// Exact (erf) GELU, 0.5 a (1 + erf(a / sqrt(2))); erf by Abramowitz & Stegun 7.1.26
+// (|error| < 1.5e-7, the approximation ATen's vectorised erf uses too).
+PACA_INLINE v16f gelu(v16f a) {
+  const v16f x = a * 0.70710678118654752f;
+  const v16f ax = x < 0 ? -x : x;
+  const v16f t = 1.0f / (1.0f + 0.3275911f * ax);
+  v16f p = vset(1.061405429f);
+  p = p * t - 1.453152027f;
+  p = p * t + 1.421413741f;
+  p = p * t - 0.284496736f;
+  p = p * t + 0.254829592f;
+  const v16f y = 1.0f - p * t * exp_nonpositive(-ax * ax);
+  return 0.5f * a * (1.0f + (x < 0 ? -y : y));
+}
+
+// One output row of GELU(DWConv3x3 + bias): rows t, m, b (W x C, nullptr = padding row) are
+// the input rows above, at and below it. Padding pixels read `pad`. C % 16 == 0.
+PACA_INLINE void dw_gelu_row_impl(const float* t, const float* m, const float* b, int64_t W,
+                                  int64_t C, const float* w9, const float* bias,
+                                  const float* pad, float* out) {
+  for (int64_t c0 = 0; c0 < C; c0 += 16) {
+    const v16f k0 = vload(w9 + c0), k1 = vload(w9 + C + c0), k2 = vload(w9 + 2 * C + c0);
+    const v16f k3 = vload(w9 + 3 * C + c0), k4 = vload(w9 + 4 * C + c0),
+               k5 = vload(w9 + 5 * C + c0);
+    const v16f k6 = vload(w9 + 6 * C + c0), k7 = vload(w9 + 7 * C + c0),
+               k8 = vload(w9 + 8 * C + c0);
+    const v16f bv = vload(bias + c0), pv = vload(pad + c0);
+    // the window's left (l), middle (m) and right (r) columns, top/mid/bottom rows
+    v16f lt = pv, lm = pv, lb = pv;
+    v16f mt = t ? vload(t + c0) : pv, mm = m ? vload(m + c0) : pv, mb = b ? vload(b + c0) : pv;
+    for (int64_t w = 0; w < W; ++w) {
+      v16f rt = pv, rm = pv, rb = pv;
+      if (w + 1 < W) {
+        const int64_t o = (w + 1) * C + c0;
+        if (t) rt = vload(t + o);
+        if (m) rm = vload(m + o);
+        if (b) rb = vload(b + o);
+      }
+      const v16f a0 = bv + k0 * lt + k1 * mt + k2 * rt;
+      const v16f a1 = k3 * lm + k4 * mm + k5 * rm;
+      const v16f a2 = k6 * lb + k7 * mb + k8 * rb;
+      vstore(out + w * C + c0, gelu(a0 + (a1 + a2)));
+      lt = mt, lm = mm, lb = mb;
+      mt = rt, mm = rm, mb = rb;
+    }
+  }
+}
+
+__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma"))) void dw_gelu_row_avx512(
+    const float* t, const float* m, const float* b, int64_t W, int64_t C, const float* w9,
+    const float* bias, const float* pad, float* out) {
+  dw_gelu_row_impl(t, m, b, W, C, w9, bias, pad, out);
+}
+
+__attribute__((target("avx2,fma"))) void dw_gelu_row_avx2(
+    const float* t, const float* m, const float* b, int64_t W, int64_t C, const float* w9,
+    const float* bias, const float* pad, float* out) {
+  dw_gelu_row_impl(t, m, b, W, C, w9, bias, pad, out);
+}
+
+void dw_gelu_row_default(const float* t, const float* m, const float* b, int64_t W, int64_t C,
+                         const float* w9, const float* bias, const float* pad, float* out) {
+  dw_gelu_row_impl(t, m, b, W, C, w9, bias, pad, out);
+}
+
+using RowFn = void (*)(const float*, const float*, const float*, int64_t, int64_t,
+                       const float*, const float*, const float*, float*);
+
+RowFn pick_row_fn() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw"))
+    return dw_gelu_row_avx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return dw_gelu_row_avx2;
+  return dw_gelu_row_default;
+}
+
+const RowFn dw_gelu_row = pick_row_fn();
+
+void check_f32(const at::Tensor& t, const char* name, at::IntArrayRef shape) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(),
+              "paca_mm conv_ffn: ", name, " must be a contiguous float32 CPU tensor");
+  TORCH_CHECK(t.sizes() == shape, "paca_mm conv_ffn: ", name, " has shape ", t.sizes(),
+              ", expected ", shape);
+}
+
+}  // namespace
+
+// x, out: (B, H*W, C); out may be x itself. accumulate: out += FFN(x), else out = FFN(x).
+// w1 (rC, C), b1 (rC), w9 (9, rC) = the 3x3 taps (row-major, the shortcut's +1 included),
+// dw_bias (rC), w2 (C, rC), b2 (C); ln_weight/ln_bias (C) or undefined for no pre-norm.
+// band_rows: image rows a thread computes at a time.
+void conv_ffn_inference(const at::Tensor& x, int64_t H, int64_t W,
+                        const std::optional<at::Tensor>& ln_weight,
+                        const std::optional<at::Tensor>& ln_bias, double eps,
+                        const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w9,
+                        const at::Tensor& dw_bias, const at::Tensor& w2, const at::Tensor& b2,
+                        at::Tensor& out, bool accumulate, int64_t band_rows) {
+  TORCH_CHECK(x.dim() == 3, "paca_mm conv_ffn: x must be (B, H*W, C)");
+  const int64_t B = x.size(0), C = x.size(2), hid = w1.size(0);
+  TORCH_CHECK(x.size(1) == H * W, "paca_mm conv_ffn: x has ", x.size(1), " tokens, not H*W = ",
+              H * W);
+  TORCH_CHECK(hid % 16 == 0, "paca_mm conv_ffn: the hidden width must be a multiple of 16");
+  TORCH_CHECK(band_rows >= 1, "paca_mm conv_ffn: band_rows must be >= 1");
+  check_f32(x, "x", {B, H * W, C});
+  check_f32(out, "out", {B, H * W, C});
+  check_f32(w1, "w1", {hid, C});
+  check_f32(b1, "b1", {hid});
+  check_f32(w9, "w9", {9, hid});
+  check_f32(dw_bias, "dw_bias", {hid});
+  check_f32(w2, "w2", {C, hid});
+  check_f32(b2, "b2", {C});
+  const bool has_ln = ln_weight.has_value() && ln_weight->defined();
+  if (has_ln) {
+    check_f32(*ln_weight, "ln_weight", {C});
+    TORCH_CHECK(ln_bias.has_value() && ln_bias->defined(), "paca_mm conv_ffn: ln_bias missing");
+    check_f32(*ln_bias, "ln_bias", {C});
+  }
+  c10::NoGradGuard no_grad;
+
+  // fc1's bias b1 is folded into the conv: the GEMM leaves it out, the conv's bias gains
+  // b1 * sum(taps), and padding pixels read -b1 (so that they count as 0 = -b1 + b1).
+  std::vector<float> bias_full(hid), pad(hid);
+  {
+    const float *pw = w9.data_ptr<float>(), *pb = dw_bias.data_ptr<float>(),
+                *pb1 = b1.data_ptr<float>();
+    for (int64_t c = 0; c < hid; ++c) {
+      float s = 0;
+      for (int k = 0; k < 9; ++k) s += pw[k * hid + c];
+      bias_full[c] = pb[c] + pb1[c] * s;
+      pad[c] = -pb1[c];
+    }
+  }
+  const at::Tensor w1t = w1.t(), w2t = w2.t();
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), H));
+  // chunk k of every image: rows [bounds[k], bounds[k + 1])
+  std::vector<int64_t> bounds(threads + 1);
+  for (int64_t k = 0; k <= threads; ++k) bounds[k] = H * k / threads;
+
+  auto hidden_rows = [&](const at::Tensor& xs, at::Tensor dst) {
+    // dst (n*W, hid) = LN(xs) @ w1^T (no bias), xs: (n*W, C)
+    at::mm_out(dst, has_ln ? at::layer_norm(xs, {C}, *ln_weight, *ln_bias, eps) : xs, w1t);
+  };
+
+  // The hidden rows at chunk borders (rows s - 1 and s for each chunk start s > 0), computed
+  // before any thread writes `out` (which may be x): a thread never reads x rows of another.
+  at::Tensor border = at::empty({B, threads, 2, W, hid}, x.options());
+  for (int64_t bi = 0; bi < B; ++bi)
+    for (int64_t k = 1; k < threads; ++k) {
+      const int64_t s = bounds[k];
+      hidden_rows(x[bi].narrow(0, (s - 1) * W, 2 * W), border[bi][k].view({2 * W, hid}));
+    }
+
+  const at::ThreadLocalState tls;  // grad / inference mode of the caller, for the workers
+  at::parallel_for(0, B * threads, 1, [&](int64_t begin, int64_t end) {
+    at::ThreadLocalStateGuard tls_guard(tls);
+    c10::NoGradGuard guard;
+    const int64_t rb = std::min(band_rows, H);
+    at::Tensor buf = at::empty({rb + 2, W, hid}, x.options());  // hidden rows r0-1 .. r1
+    at::Tensor y = at::empty({rb * W, hid}, x.options());
+    float* bp = buf.data_ptr<float>();
+    const int64_t hrow = W * hid;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t bi = task / threads, k = task % threads;
+      const int64_t R0 = bounds[k], R1 = bounds[k + 1];
+      if (R0 >= R1) continue;
+      const at::Tensor xb = x[bi], ob = out[bi];
+      // buf row 0 = hidden row R0 - 1 (or padding)
+      if (R0 > 0) buf[0].copy_(border[bi][k][0]);  // else row -1 is padding (never read)
+      int64_t have = 1;
+      for (int64_t r0 = R0; r0 < R1; r0 += rb) {
+        const int64_t r1 = std::min(r0 + rb, R1);
+        // hidden rows r0 - 1 + have .. r1 (inclusive of the halo r1 if inside the image)
+        const int64_t start = r0 - 1 + have, stop = std::min(r1 + 1, H);
+        int64_t n = have;
+        const int64_t own_stop = std::min(stop, R1);  // rows of this chunk
+        if (own_stop > start) {
+          hidden_rows(xb.narrow(0, start * W, (own_stop - start) * W),
+                      buf.narrow(0, n, own_stop - start).view({-1, hid}));
+          n += own_stop - start;
+        }
+        if (stop > R1) {  // halo row R1 belongs to the next chunk: precomputed
+          buf[n].copy_(border[bi][k + 1][1]);
+          n += 1;
+        }
+        // output rows r0 .. r1 - 1; buffer row i holds hidden row r0 - 1 + i
+        float* yp = y.data_ptr<float>();
+        for (int64_t r = r0; r < r1; ++r) {
+          const int64_t i = r - r0;  // buffer row of hidden row r - 1
+          const float* tp = (r == 0) ? nullptr : bp + i * hrow;
+          const float* mp = bp + (i + 1) * hrow;
+          const float* btm = (r + 1 >= H) ? nullptr : bp + (i + 2) * hrow;
+          dw_gelu_row(tp, mp, btm, W, hid, w9.data_ptr<float>(), bias_full.data(), pad.data(),
+                      yp + i * hrow);
+        }
+        at::Tensor o = ob.narrow(0, r0 * W, (r1 - r0) * W);
+        at::Tensor yr = y.narrow(0, 0, (r1 - r0) * W);
+        if (accumulate) {
+          o.addmm_(yr, w2t).add_(b2);
+        } else {
+          at::addmm_out(o, b2, yr, w2t);
+        }
+        if (r1 < R1) {  // hidden rows r1 - 1 and r1 start the next band
+          std::memmove(bp, bp + (r1 - r0) * hrow, 2 * hrow * sizeof(float));
+          have = 2;
+        }
+      }
+    }
+  });
+}
+
+TORCH_LIBRARY(paca_mm, m) {
+  m.def(
+      "conv_ffn_inference(Tensor x, int H, int W, Tensor? ln_weight, Tensor? ln_bias, "
+      "float eps, Tensor w1, Tensor b1, Tensor w9, Tensor dw_bias, Tensor w2, Tensor b2, "
+      "Tensor(a!) out, bool accumulate, int band_rows) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(paca_mm, CPU, m) { m.impl("conv_ffn_inference", conv_ffn_inference); }
