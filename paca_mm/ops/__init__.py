@@ -5,10 +5,12 @@ shortcut, exact GELU, fc2, residual add) for float32 CPU inference, one band of 
 per thread at a time so that the hidden map stays in each core's L2 cache. The Python code
 falls back to ATen/oneDNN ops when the library is not built; :func:`status` says why.
 
-Build it in a source checkout with ``pip install --no-build-isolation -e .`` (what
-``tools/setup_env.sh`` does) or ``python setup.py build_ext --inplace``.
+Build it in a source checkout with ``python setup.py build_ext --inplace`` (what
+``tools/setup_env.sh`` does after ``pip install -e .``). ``PACA_MM_NO_OPS=1`` in the
+environment turns it off at build and at run time.
 """
 import glob
+import os
 import os.path as osp
 import warnings
 
@@ -19,15 +21,17 @@ _STATUS = None  # (loaded: bool, reason: str)
 
 
 def _load():
+    if os.environ.get('PACA_MM_NO_OPS', '0') == '1':
+        return False, 'turned off by PACA_MM_NO_OPS=1'
     libs = sorted(glob.glob(osp.join(_HERE, '_ops*.so')) + glob.glob(osp.join(_HERE, '_ops*.pyd')))
     if not libs:
-        return False, ('paca_mm/_ops*.so is not built (run `pip install --no-build-isolation -e .` '
-                       'or `python setup.py build_ext --inplace` in the paca_mm checkout)')
+        return False, ('paca_mm/_ops*.so is not built (run `python setup.py build_ext '
+                       '--inplace` in the paca_mm checkout)')
     try:
         torch.ops.load_library(libs[0])
     except (OSError, RuntimeError) as e:  # e.g. built against another torch
         return False, (f'{libs[0]} does not load ({e}); rebuild it with '
-                       '`pip install --no-build-isolation -e .`')
+                       '`python setup.py build_ext --inplace --force`')
     if not hasattr(torch.ops.paca_mm, 'conv_ffn_inference'):
         return False, f'{libs[0]} does not define paca_mm::conv_ffn_inference; rebuild it'
     return True, f'loaded {libs[0]}'
@@ -49,7 +53,7 @@ def available() -> bool:
     process when it cannot (the slower pure-ATen path is used then)."""
     global _WARNED
     ok, reason = status()
-    if not ok and not _WARNED:
+    if not ok and not _WARNED and os.environ.get('PACA_MM_NO_OPS', '0') != '1':
         _WARNED = True
         warnings.warn(f'paca_mm: the compiled CPU FFN op is unavailable, using the ATen path '
                       f'(slower on CPU): {reason}')
