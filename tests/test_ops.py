@@ -53,15 +53,16 @@ def _reference(ffn, x, hw, norm=None):
 @pytest.mark.parametrize('band_bytes', [1, 10 ** 9])  # one row per band / one band
 @pytest.mark.parametrize('threads', [1, 2, 3])
 @pytest.mark.parametrize('mode', ['fresh', 'residual', 'into_x'])
-def test_op_equals_reference(hw, band_bytes, threads, mode, monkeypatch):
-    ffn = _ffn(8)  # hidden 32
-    norm = _norm(8)
+@pytest.mark.parametrize('dim', [8, 16])  # the op's own LayerNorm needs C % 16 == 0
+def test_op_equals_reference(hw, band_bytes, threads, mode, dim, monkeypatch):
+    ffn = _ffn(dim)  # hidden 4 * dim
+    norm = _norm(dim)
     monkeypatch.setattr(ConvFFN, 'op_band_bytes', band_bytes)
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         with torch.no_grad():
-            x = torch.randn(2, hw[0] * hw[1], 8)
+            x = torch.randn(2, hw[0] * hw[1], dim)
             res = torch.randn_like(x)
             ref = _reference(ffn, x, hw, norm)
             if mode == 'fresh':

@@ -16,6 +16,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -101,6 +102,28 @@ PACA_INLINE void dw_gelu_row_impl(const float* t, const float* m, const float* b
   }
 }
 
+// LayerNorm of `rows` rows of C floats (C % 16 == 0): out = (x - mean) / sqrt(var + eps) * w + b.
+PACA_INLINE void layer_norm_rows_impl(const float* x, int64_t rows, int64_t C, const float* w,
+                                      const float* b, float eps, float* out) {
+  for (int64_t r = 0; r < rows; ++r, x += C, out += C) {
+    v16f s = vset(0.0f);
+    for (int64_t c = 0; c < C; c += 16) s += vload(x + c);
+    float mean = 0;
+    for (int i = 0; i < 16; ++i) mean += s[i];
+    mean /= static_cast<float>(C);
+    v16f q = vset(0.0f);
+    for (int64_t c = 0; c < C; c += 16) {
+      const v16f d = vload(x + c) - mean;
+      q += d * d;
+    }
+    float var = 0;
+    for (int i = 0; i < 16; ++i) var += q[i];
+    const float rstd = 1.0f / std::sqrt(var / static_cast<float>(C) + eps);
+    for (int64_t c = 0; c < C; c += 16)
+      vstore(out + c, (vload(x + c) - mean) * rstd * vload(w + c) + vload(b + c));
+  }
+}
+
 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma"))) void dw_gelu_row_avx512(
     const float* t, const float* m, const float* b, int64_t W, int64_t C, const float* w9,
     const float* bias, const float* pad, float* out) {
@@ -118,19 +141,41 @@ void dw_gelu_row_default(const float* t, const float* m, const float* b, int64_t
   dw_gelu_row_impl(t, m, b, W, C, w9, bias, pad, out);
 }
 
+__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma"))) void layer_norm_avx512(
+    const float* x, int64_t rows, int64_t C, const float* w, const float* b, float eps,
+    float* out) {
+  layer_norm_rows_impl(x, rows, C, w, b, eps, out);
+}
+
+__attribute__((target("avx2,fma"))) void layer_norm_avx2(const float* x, int64_t rows,
+                                                         int64_t C, const float* w,
+                                                         const float* b, float eps, float* out) {
+  layer_norm_rows_impl(x, rows, C, w, b, eps, out);
+}
+
+void layer_norm_default(const float* x, int64_t rows, int64_t C, const float* w, const float* b,
+                        float eps, float* out) {
+  layer_norm_rows_impl(x, rows, C, w, b, eps, out);
+}
+
 using RowFn = void (*)(const float*, const float*, const float*, int64_t, int64_t,
                        const float*, const float*, const float*, float*);
+using NormFn = void (*)(const float*, int64_t, int64_t, const float*, const float*, float,
+                        float*);
 
-RowFn pick_row_fn() {
+int isa() {  // 2: AVX-512, 1: AVX2 + FMA, 0: baseline
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw"))
-    return dw_gelu_row_avx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return dw_gelu_row_avx2;
-  return dw_gelu_row_default;
+    return 2;
+  return (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) ? 1 : 0;
 }
 
-const RowFn dw_gelu_row = pick_row_fn();
+const int kIsa = isa();
+const RowFn dw_gelu_row =
+    kIsa == 2 ? dw_gelu_row_avx512 : kIsa == 1 ? dw_gelu_row_avx2 : dw_gelu_row_default;
+const NormFn layer_norm_rows =
+    kIsa == 2 ? layer_norm_avx512 : kIsa == 1 ? layer_norm_avx2 : layer_norm_default;
 
 void check_f32(const at::Tensor& t, const char* name, at::IntArrayRef shape) {
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(),
@@ -194,7 +239,16 @@ void conv_ffn_inference(const at::Tensor& x, int64_t H, int64_t W,
 
   auto hidden_rows = [&](const at::Tensor& xs, at::Tensor dst) {
     // dst (n*W, hid) = LN(xs) @ w1^T (no bias), xs: (n*W, C)
-    at::mm_out(dst, has_ln ? at::layer_norm(xs, {C}, *ln_weight, *ln_bias, eps) : xs, w1t);
+    if (!has_ln) {
+      at::mm_out(dst, xs, w1t);
+    } else if (C % 16 == 0) {
+      at::Tensor xn = at::empty_like(xs);
+      layer_norm_rows(xs.data_ptr<float>(), xs.size(0), C, ln_weight->data_ptr<float>(),
+                      ln_bias->data_ptr<float>(), static_cast<float>(eps), xn.data_ptr<float>());
+      at::mm_out(dst, xn, w1t);
+    } else {
+      at::mm_out(dst, at::layer_norm(xs, {C}, *ln_weight, *ln_bias, eps), w1t);
+    }
   };
 
   // The hidden rows at chunk borders (rows s - 1 and s for each chunk start s > 0), computed
