@@ -188,3 +188,22 @@ def test_backbone_with_and_without_op(monkeypatch):
         ref = m(x)
     for a, b in zip(out, ref):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_no_ops_switch():
+    """PACA_MM_NO_OPS=1 turns the op off at run time (with the reason), and the backbone
+    still runs (on the ATen path), without the 'unavailable' warning."""
+    import subprocess
+    import sys
+    code = ('import warnings, torch, paca_mm.ops as o\n'
+            'from paca_mm.models.backbones import PaCaViT\n'
+            'print(o.status())\n'
+            'with warnings.catch_warnings():\n'
+            '    warnings.simplefilter("error")\n'
+            '    with torch.no_grad():\n'
+            '        PaCaViT("tiny").eval()(torch.randn(1, 3, 64, 64))\n')
+    env = dict(os.environ, PACA_MM_NO_OPS='1')
+    out = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "(False, 'turned off by PACA_MM_NO_OPS=1')" in out.stdout

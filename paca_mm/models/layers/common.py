@@ -240,15 +240,19 @@ class ConvFFN(nn.Module):
                     and pre_norm.weight is not None and pre_norm.bias is not None):
                 ln_w, ln_b, eps = pre_norm.weight, pre_norm.bias, pre_norm.eps
             else:
-                x = pre_norm(x)
+                x = pre_norm(x).contiguous()
         conv = self.dwconv.dwconv
         w9 = conv.weight.reshape(hidden, 9).t().contiguous()
         w9[4] += 1  # DWConv(h) + h: the shortcut is the centre tap + 1
         out = torch.empty_like(x) if residual is None else residual
         rows = max(1, self.op_band_bytes // (hw[1] * hidden * x.element_size()))
+        fc1_w, fc1_b, dw_b, fc2_w, fc2_b = (t.contiguous() for t in (  # no copy normally
+            self.fc1.weight, self.fc1.bias, conv.bias, self.fc2.weight, self.fc2.bias))
+        if ln_w is not None:
+            ln_w, ln_b = ln_w.contiguous(), ln_b.contiguous()
         torch.ops.paca_mm.conv_ffn_inference(
-            x.contiguous(), hw[0], hw[1], ln_w, ln_b, eps, self.fc1.weight, self.fc1.bias, w9,
-            conv.bias, self.fc2.weight, self.fc2.bias, out, residual is not None, rows)
+            x, hw[0], hw[1], ln_w, ln_b, eps, fc1_w, fc1_b, w9, dw_b, fc2_w, fc2_b, out,
+            residual is not None, rows)
         return out
 
     def forward_banded(self, x: torch.Tensor, hw: Tuple[int, int], rows: int,
