@@ -118,8 +118,9 @@ def test_op_gelu_over_a_wide_range():
     torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-5)
 
 
-@needs_op
-def test_convffn_uses_the_op_where_it_may(monkeypatch):
+@pytest.fixture
+def op_calls(monkeypatch):
+    """Records each ConvFFN.forward_op call (the op path) in the returned list."""
     calls = []
     real = ConvFFN.forward_op
 
@@ -127,26 +128,31 @@ def test_convffn_uses_the_op_where_it_may(monkeypatch):
         calls.append(1)
         return real(self, *args, **kwargs)
     monkeypatch.setattr(ConvFFN, 'forward_op', spy)
+    return calls
+
+
+@needs_op
+def test_convffn_uses_the_op_where_it_may(op_calls, monkeypatch):
     ffn = _ffn(8)
     x = torch.randn(1, 12, 8)
     with torch.no_grad():
         ffn(x, (3, 4))
-        assert calls == [1]
+        assert op_calls == [1]
         _ffn(8).double()(x.double(), (3, 4))  # float64: not the op
+        limit = ConvFFN.op_max_weight_bytes
         monkeypatch.setattr(ConvFFN, 'op_max_weight_bytes', 0)  # too wide a layer
         ffn(x, (3, 4))
-        monkeypatch.undo()
-        monkeypatch.setattr(ConvFFN, 'forward_op', spy)
+        monkeypatch.setattr(ConvFFN, 'op_max_weight_bytes', limit)
         _ffn(8, ratio=3)(x, (3, 4))  # hidden 24: not a multiple of 16
         ffn.train()
         ffn(x, (3, 4))
-    assert calls == [1]
+    assert op_calls == [1]
     ffn.eval()
     ffn(x, (3, 4))  # autograd on: not the op
     ffn.fc1.register_forward_hook(lambda *a: None)
     with torch.no_grad():
         ffn(x, (3, 4))  # a hooked fc1 is called as a module
-    assert calls == [1]
+    assert op_calls == [1]
 
 
 @needs_op
@@ -167,23 +173,16 @@ def test_op_rejects_bad_input():
 
 
 @needs_op
-def test_backbone_with_and_without_op(monkeypatch):
+def test_backbone_with_and_without_op(op_calls, monkeypatch):
     """PaCa-Tiny at a size where stage 1 and 2 use the op: same output as without it."""
     from paca_mm.models.backbones import PaCaViT
     from paca_mm.models.layers import common
     torch.manual_seed(0)
     m = PaCaViT('tiny').eval()
     x = torch.randn(1, 3, 96, 128)
-    calls = []
-    real = ConvFFN.forward_op
-
-    def spy(self, *args, **kwargs):
-        calls.append(1)
-        return real(self, *args, **kwargs)
-    monkeypatch.setattr(ConvFFN, 'forward_op', spy)
     with torch.no_grad():
         out = m(x)
-        assert calls
+        assert op_calls
         monkeypatch.setattr(common.ops, 'available', lambda: False)
         ref = m(x)
     for a, b in zip(out, ref):
