@@ -148,10 +148,12 @@ class ConvFFN(nn.Module):
     first; optional ``residual`` is added to the output. Without autograd the GELU runs in
     place (one (B, N, rC) buffer less at the peak).
 
-    CPU inference (eval mode, no autograd) runs the FFN over bands of image rows
-    (:meth:`forward_banded`): the rC-wide hidden map of a band (about ``band_bytes``) stays
-    in cache instead of making six passes through memory, and the sum is written into
-    ``residual`` in place (pass a tensor nobody else needs; it may be ``x`` itself).
+    CPU inference (eval mode, no autograd) runs the FFN over bands of image rows, so that
+    the rC-wide hidden map of a band stays in cache instead of making six passes through
+    memory, and writes the sum into ``residual`` in place (pass a tensor nobody else needs;
+    it may be ``x`` itself): by the compiled op, one L2-sized band per thread
+    (:meth:`forward_op`), where it is built and the layer is narrow enough, else by ATen ops
+    on ``band_bytes`` bands (:meth:`forward_banded`).
     """
 
     band_bytes = 6 << 20  # hidden-map bytes per band on the ATen CPU inference path
@@ -193,21 +195,22 @@ class ConvFFN(nn.Module):
         rows = max(1, self.band_bytes // row_bytes)
         return rows if rows < hw[0] else 0
 
-    def _use_op(self, x: torch.Tensor, hw: Tuple[int, int],
-                residual: Optional[torch.Tensor]) -> bool:
+    def _use_op(self, x: torch.Tensor, residual: Optional[torch.Tensor]) -> bool:
         """Whether the compiled op (:mod:`paca_mm.ops`) computes this call: the banded
-        path's conditions, float32, a hidden width that is a multiple of 16, biases, and
-        weights of at most ``op_max_weight_bytes``."""
-        weight_bytes = 4 * (self.fc1.weight.numel() + self.fc2.weight.numel())
-        return (x.dtype == torch.float32 and x.dim() == 3 and self.fc1.out_features % 16 == 0
-                and weight_bytes <= self.op_max_weight_bytes and self.fc1.bias is not None and self.fc2.bias is not None
-                and self.dwconv.dwconv.bias is not None
+        path's conditions, float32 input and weights, a hidden width that is a multiple of 16,
+        biases, and fc1 + fc2 weights of at most ``op_max_weight_bytes``."""
+        fc1, fc2 = self.fc1, self.fc2
+        weight_bytes = 4 * (fc1.weight.numel() + fc2.weight.numel())
+        return (x.dtype == torch.float32 and x.dim() == 3 and fc1.out_features % 16 == 0
+                and fc1.weight.dtype == torch.float32 and fc2.weight.dtype == torch.float32
+                and weight_bytes <= self.op_max_weight_bytes
+                and all(b is not None for b in (fc1.bias, fc2.bias, self.dwconv.dwconv.bias))
                 and self._fast_inference(x, residual) and ops.available())
 
     def forward(self, x: torch.Tensor, hw: Tuple[int, int],
                 residual: Optional[torch.Tensor] = None,
                 pre_norm: Optional[nn.Module] = None) -> torch.Tensor:
-        if self._use_op(x, hw, residual):
+        if self._use_op(x, residual):
             return self.forward_op(x, hw, residual, pre_norm)
         rows = self._band_rows(x, hw, residual)
         if rows:
