@@ -26,6 +26,10 @@ namespace {
 typedef float v16f __attribute__((vector_size(64)));
 typedef int32_t v16i __attribute__((vector_size(64)));
 #define PACA_INLINE inline __attribute__((always_inline))
+// The loops below are compiled for AVX-512, AVX2 + FMA and baseline x86-64; the loader picks
+// the best one the CPU has (GCC function multi-versioning).
+#define PACA_ISA_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 
 PACA_INLINE v16f vload(const float* p) {
   v16f v;
@@ -71,7 +75,7 @@ PACA_INLINE v16f gelu(v16f a) {
 
 // One output row of GELU(DWConv3x3 + bias): rows t, m, b (W x C, nullptr = padding row) are
 // the input rows above, at and below it. Padding pixels read `pad`. C % 16 == 0.
-PACA_INLINE void dw_gelu_row_impl(const float* t, const float* m, const float* b, int64_t W,
+PACA_ISA_CLONES void dw_gelu_row(const float* t, const float* m, const float* b, int64_t W,
                                   int64_t C, const float* w9, const float* bias,
                                   const float* pad, float* out) {
   for (int64_t c0 = 0; c0 < C; c0 += 16) {
@@ -103,7 +107,7 @@ PACA_INLINE void dw_gelu_row_impl(const float* t, const float* m, const float* b
 }
 
 // LayerNorm of `rows` rows of C floats (C % 16 == 0): out = (x - mean) / sqrt(var + eps) * w + b.
-PACA_INLINE void layer_norm_rows_impl(const float* x, int64_t rows, int64_t C, const float* w,
+PACA_ISA_CLONES void layer_norm_rows(const float* x, int64_t rows, int64_t C, const float* w,
                                       const float* b, float eps, float* out) {
   for (int64_t r = 0; r < rows; ++r, x += C, out += C) {
     v16f s = vset(0.0f);
@@ -123,59 +127,6 @@ PACA_INLINE void layer_norm_rows_impl(const float* x, int64_t rows, int64_t C, c
       vstore(out + c, (vload(x + c) - mean) * rstd * vload(w + c) + vload(b + c));
   }
 }
-
-__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma"))) void dw_gelu_row_avx512(
-    const float* t, const float* m, const float* b, int64_t W, int64_t C, const float* w9,
-    const float* bias, const float* pad, float* out) {
-  dw_gelu_row_impl(t, m, b, W, C, w9, bias, pad, out);
-}
-
-__attribute__((target("avx2,fma"))) void dw_gelu_row_avx2(
-    const float* t, const float* m, const float* b, int64_t W, int64_t C, const float* w9,
-    const float* bias, const float* pad, float* out) {
-  dw_gelu_row_impl(t, m, b, W, C, w9, bias, pad, out);
-}
-
-void dw_gelu_row_default(const float* t, const float* m, const float* b, int64_t W, int64_t C,
-                         const float* w9, const float* bias, const float* pad, float* out) {
-  dw_gelu_row_impl(t, m, b, W, C, w9, bias, pad, out);
-}
-
-__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma"))) void layer_norm_avx512(
-    const float* x, int64_t rows, int64_t C, const float* w, const float* b, float eps,
-    float* out) {
-  layer_norm_rows_impl(x, rows, C, w, b, eps, out);
-}
-
-__attribute__((target("avx2,fma"))) void layer_norm_avx2(const float* x, int64_t rows,
-                                                         int64_t C, const float* w,
-                                                         const float* b, float eps, float* out) {
-  layer_norm_rows_impl(x, rows, C, w, b, eps, out);
-}
-
-void layer_norm_default(const float* x, int64_t rows, int64_t C, const float* w, const float* b,
-                        float eps, float* out) {
-  layer_norm_rows_impl(x, rows, C, w, b, eps, out);
-}
-
-using RowFn = void (*)(const float*, const float*, const float*, int64_t, int64_t,
-                       const float*, const float*, const float*, float*);
-using NormFn = void (*)(const float*, int64_t, int64_t, const float*, const float*, float,
-                        float*);
-
-int isa() {  // 2: AVX-512, 1: AVX2 + FMA, 0: baseline
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw"))
-    return 2;
-  return (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) ? 1 : 0;
-}
-
-const int kIsa = isa();
-const RowFn dw_gelu_row =
-    kIsa == 2 ? dw_gelu_row_avx512 : kIsa == 1 ? dw_gelu_row_avx2 : dw_gelu_row_default;
-const NormFn layer_norm_rows =
-    kIsa == 2 ? layer_norm_avx512 : kIsa == 1 ? layer_norm_avx2 : layer_norm_default;
 
 void check_f32(const at::Tensor& t, const char* name, at::IntArrayRef shape) {
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(),
