@@ -18,12 +18,13 @@ import torch
 
 _HERE = osp.dirname(osp.dirname(osp.abspath(__file__)))
 _STATUS = None  # (loaded: bool, reason: str)
+_TURNED_OFF = 'turned off by PACA_MM_NO_OPS=1'
 
 
 def _load():
     if os.environ.get('PACA_MM_NO_OPS', '0') == '1':
-        return False, 'turned off by PACA_MM_NO_OPS=1'
-    libs = sorted(glob.glob(osp.join(_HERE, '_ops*.so')) + glob.glob(osp.join(_HERE, '_ops*.pyd')))
+        return False, _TURNED_OFF
+    libs = sorted(glob.glob(osp.join(_HERE, '_ops*.so')))
     if not libs:
         return False, ('paca_mm/_ops*.so is not built (run `python setup.py build_ext '
                        '--inplace` in the paca_mm checkout)')
@@ -53,7 +54,7 @@ def available() -> bool:
     process when it cannot (the slower pure-ATen path is used then)."""
     global _WARNED
     ok, reason = status()
-    if not ok and not _WARNED and os.environ.get('PACA_MM_NO_OPS', '0') != '1':
+    if not ok and not _WARNED and reason != _TURNED_OFF:
         _WARNED = True
         warnings.warn(f'paca_mm: the compiled CPU FFN op is unavailable, using the ATen path '
                       f'(slower on CPU): {reason}')
