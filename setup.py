@@ -1,3 +1,4 @@
+import glob
 import os
 import os.path as osp
 import sys
@@ -38,7 +39,7 @@ def ext_modules():
               'compiled CPU op (use pip install --no-build-isolation)', file=sys.stderr)
         return [], {}
     ext = CppExtension(
-        'paca_mm._ops', ['paca_mm/ops/csrc/conv_ffn.cpp'],
+        'paca_mm._ops', sorted(glob.glob('paca_mm/ops/csrc/*.cpp')),
         extra_compile_args=['-O3', '-fopenmp', '-Wno-psabi'], extra_link_args=['-fopenmp'])
     return [ext], {'build_ext': BuildExtension.with_options(use_ninja=False)}
 

@@ -1,9 +1,16 @@
-"""paca_mm's compiled CPU op (``paca_mm/ops/csrc/conv_ffn.cpp``), built by ``pip install``.
+"""paca_mm's compiled CPU ops (``paca_mm/ops/csrc``), built by ``pip install``.
 
-``torch.ops.paca_mm.conv_ffn_inference`` runs a whole ConvFFN (LN, fc1, depth-wise 3x3 +
-shortcut, exact GELU, fc2, residual add) for float32 CPU inference, one band of image rows
-per thread at a time so that the hidden map stays in each core's L2 cache. The Python code
-falls back to ATen/oneDNN ops when the library is not built; :func:`status` says why.
+For float32 CPU inference, each runs one band of tokens per thread at a time, so that the
+band's intermediates stay in that core's L2 cache:
+
+* ``torch.ops.paca_mm.conv_ffn_inference`` (``conv_ffn.cpp``): a whole ConvFFN (LN, fc1,
+  depth-wise 3x3 + shortcut, exact GELU, fc2, residual add), bands of image rows;
+* ``torch.ops.paca_mm.p2c_attention_inference`` (``p2c_attention.cpp``): the attention of
+  the tokens to the M cluster tokens (q projection, per-head softmax(q k^T) v, output
+  projection, residual add), bands of tokens.
+
+The Python code falls back to ATen/oneDNN ops when the library is not built; :func:`status`
+says why.
 
 Build it in a source checkout with ``python setup.py build_ext --inplace`` (what
 ``tools/setup_env.sh`` does after ``pip install -e .``). ``PACA_MM_NO_OPS=1`` in the
@@ -19,6 +26,7 @@ import torch
 _HERE = osp.dirname(osp.dirname(osp.abspath(__file__)))
 _STATUS = None  # (loaded: bool, reason: str)
 _TURNED_OFF = 'turned off by PACA_MM_NO_OPS=1'
+OPS = ('conv_ffn_inference', 'p2c_attention_inference')
 
 
 def _load():
@@ -33,8 +41,11 @@ def _load():
     except (OSError, RuntimeError) as e:  # e.g. built against another torch
         return False, (f'{libs[0]} does not load ({e}); rebuild it with '
                        '`python setup.py build_ext --inplace --force`')
-    if not hasattr(torch.ops.paca_mm, 'conv_ffn_inference'):
-        return False, f'{libs[0]} does not define paca_mm::conv_ffn_inference; rebuild it'
+    for name in OPS:
+        if not hasattr(torch.ops.paca_mm, name):
+            return False, (f'{libs[0]} does not define paca_mm::{name} (built from older '
+                           'sources); rebuild it with `python setup.py build_ext --inplace '
+                           '--force`')
     return True, f'loaded {libs[0]}'
 
 
@@ -50,12 +61,12 @@ _WARNED = False
 
 
 def available() -> bool:
-    """Whether ``torch.ops.paca_mm.conv_ffn_inference`` can be called. Warns once per
-    process when it cannot (the slower pure-ATen path is used then)."""
+    """Whether the ops (``OPS``) can be called. Warns once per process when they cannot
+    (the slower pure-ATen paths are used then)."""
     global _WARNED
     ok, reason = status()
     if not ok and not _WARNED and reason != _TURNED_OFF:
         _WARNED = True
-        warnings.warn(f'paca_mm: the compiled CPU FFN op is unavailable, using the ATen path '
+        warnings.warn(f'paca_mm: the compiled CPU ops are unavailable, using the ATen paths '
                       f'(slower on CPU): {reason}')
     return ok

@@ -12,8 +12,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .common import (apply_linear, conv_gelu, conv_gelu_fusable, linear, map_to_tokens,
-                     plain_module, tokens_to_map)
+from ... import ops
+from .common import (apply_linear, conv_gelu, conv_gelu_fusable, cpu_inference, linear,
+                     map_to_tokens, plain_module, tokens_to_map)
 
 CLUSTERING_TYPES = ('conv', 'mlp', 'linear')
 # Names used by the official configs (``paca_cfg.type``).
@@ -119,12 +120,23 @@ class PaCaAttention(nn.Module):
     ``Z = LN(C^T X)`` where ``C`` (stored as (B, M, N)) is softmax-normalised over N.
     ``num_clusters == 0`` gives plain global multi-head self-attention.
 
+    In CPU inference (eval mode, no autograd, float32) with M > 0, the attention from the
+    cluster tokens on (q projection to output projection and residual) is computed by the
+    compiled op (:meth:`forward_op`) where it is built; elsewhere by ATen's
+    ``scaled_dot_product_attention`` between oneDNN projections.
+
     Args:
         dim: channels C. num_heads: h (must divide C). num_clusters: M (0 = plain MHSA).
         clustering: 'conv' | 'mlp' | 'linear' | None. None means this layer owns no clustering
             module and must be given the assignment ``z`` (shared within a stage or from
             the external teacher).
     """
+
+    # The compiled op: tokens per thread and band, and when it folds the q and output
+    # projections into per-image keys and values (h*M <= op_fold_ratio * (C + M), where that
+    # costs about as many MACs as projecting and it replaces 2 + 2h GEMMs per band by 2).
+    op_band_tokens = 512
+    op_fold_ratio = 1.25
 
     def __init__(self, dim: int, num_heads: int, num_clusters: int,
                  clustering: Optional[str] = 'conv', kernel_size: int = 7,
@@ -184,6 +196,8 @@ class PaCaAttention(nn.Module):
                 raise RuntimeError('this PaCa layer has no clustering module and was not '
                                    'given a cluster assignment z')
             c = self.cluster_norm(torch.matmul(z.to(x.dtype), x))  # (B, M, C)
+            if self._use_op(x, residual):
+                return self.forward_op(x, c, residual), z, logits
             q = apply_linear(self.q, x)
             k, v = self._fused(c, self.k, self.v).chunk(2, dim=-1)  # one GEMM for K and V
         else:  # plain MHSA: one GEMM for Q, K and V
@@ -201,3 +215,48 @@ class PaCaAttention(nn.Module):
             return apply_linear(self.proj, out, residual), z, logits
         out = self.proj_drop(apply_linear(self.proj, out))
         return (out if residual is None else out + residual), z, logits
+
+    def _use_op(self, x: torch.Tensor, residual: Optional[torch.Tensor]) -> bool:
+        """Whether the compiled op computes this call: eval mode, float32 CPU inference,
+        contiguous (B, N, C) tokens (and residual), plain float32 ``q`` and ``proj`` Linear
+        layers with biases (their parameters are read directly), and the op built."""
+        return (not self.training and x.dtype == torch.float32 and x.dim() == 3
+                and x.is_contiguous() and cpu_inference(x)
+                and (residual is None or (residual.dtype == torch.float32
+                                          and residual.shape == x.shape
+                                          and residual.is_contiguous()))
+                and all(plain_module(m, nn.Linear) and m.weight.dtype == torch.float32
+                        and m.bias is not None for m in (self.q, self.proj))
+                and ops.available())
+
+    def forward_op(self, x: torch.Tensor, c: torch.Tensor,
+                   residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``(residual +) proj(attention(q(x), k(c), v(c)))`` by
+        ``torch.ops.paca_mm.p2c_attention_inference``: x (B, N, C) normalised tokens, c
+        (B, M, C) cluster tokens; returns a new (B, N, C) tensor. Each thread runs its
+        share of the tokens ``op_band_tokens`` at a time, every intermediate in its cache."""
+        B, N, C = x.shape
+        h = self.num_heads
+        d = C // h
+        k, v = self._fused(c, self.k, self.v).chunk(2, dim=-1)  # (B, M, C) each
+        M = k.shape[1]
+        # per head, the keys transposed and scaled as in scaled_dot_product_attention
+        kt = (k * d ** -0.5).reshape(B, M, h, d).permute(0, 2, 3, 1)  # (B, h, d, M)
+        wq, bq, wp, bp = self.q.weight, self.q.bias, self.proj.weight, self.proj.bias
+        if h * M <= self.op_fold_ratio * (C + M):
+            # scores = x (Wq_h^T kt_h) + bq_h kt_h; out = sum_h P_h (v_h Wp_h^T) + bp
+            ktt = kt.transpose(2, 3)  # (B, h, M, d)
+            w_in = torch.matmul(ktt, wq.view(h, d, C)).reshape(B, h * M, C)
+            b_in = torch.matmul(ktt, bq.view(h, d, 1)).reshape(B, h * M)
+            w_out = torch.matmul(wp.view(C, h, d).transpose(0, 1),  # (h, C, d)
+                                 v.reshape(B, M, h, d).permute(0, 2, 3, 1))  # (B, h, C, M)
+            w_out = w_out.transpose(1, 2).reshape(B, C, h * M)
+            kt = vals = None
+        else:
+            w_in, b_in, w_out = wq.unsqueeze(0), bq.unsqueeze(0), wp.unsqueeze(0)
+            kt, vals = kt.contiguous(), v.contiguous()
+        out = torch.empty_like(x)
+        torch.ops.paca_mm.p2c_attention_inference(
+            x, w_in.contiguous(), b_in.contiguous(), kt, vals, w_out.contiguous(),
+            bp.contiguous(), residual, out, h, self.op_band_tokens)
+        return out

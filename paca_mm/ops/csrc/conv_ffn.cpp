@@ -15,6 +15,8 @@
 #include <c10/core/GradMode.h>
 #include <torch/library.h>
 
+#include "vec.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -23,40 +25,7 @@
 
 namespace {
 
-typedef float v16f __attribute__((vector_size(64)));
-typedef int32_t v16i __attribute__((vector_size(64)));
-#define PACA_INLINE inline __attribute__((always_inline))
-// The loops below are compiled for AVX-512, AVX2 + FMA and baseline x86-64; the loader picks
-// the best one the CPU has (GCC function multi-versioning).
-#define PACA_ISA_CLONES \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-
-PACA_INLINE v16f vload(const float* p) {
-  v16f v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-PACA_INLINE void vstore(float* p, v16f v) { std::memcpy(p, &v, sizeof(v)); }
-PACA_INLINE v16f vset(float x) { return v16f{} + x; }
-
-// exp(x) for x in [-87, 0]: 2^n p(r), |relative error| < 2e-7 (Cephes' expf polynomial).
-PACA_INLINE v16f exp_nonpositive(v16f x) {
-  x = x < -87.0f ? vset(-87.0f) : x;
-  const v16f n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x / ln 2)
-  v16f r = x - n * 0.693145751953125f;
-  r = r - n * 1.428606765330187045e-06f;
-  v16f p = vset(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const v16i e = (__builtin_convertvector(n, v16i) + 127) << 23;
-  v16f s;
-  std::memcpy(&s, &e, sizeof(s));
-  return p * s;
-}
+using namespace paca_mm_vec;
 
 // Exact (erf) GELU, 0.5 a (1 + erf(a / sqrt(2))); erf by Abramowitz & Stegun 7.1.26
 // (|error| < 1.5e-7, the approximation ATen's vectorised erf uses too).

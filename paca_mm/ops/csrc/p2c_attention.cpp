@@ -1,0 +1,182 @@
+// Multi-head attention of N tokens to a few keys (PaCa's M cluster tokens, or the tokens of a
+// small stage), projections included, for float32 CPU inference:
+//
+//   out (+)= proj(concat_h softmax(q_h k_h^T) v_h) with q = xn Wq^T + bq,  xn, out: (B, N, C)
+//
+// The keys come pre-scaled and transposed per head, kt: (B, h, d, M); the values v: (B, M, C).
+// Every thread takes a contiguous chunk of the tokens and runs it `band` tokens at a time: the
+// q GEMM, per head the (band x d) @ (d x M) score GEMM, an in-cache softmax over M and the
+// (band x M) @ (M x d) value GEMM into the band's head columns, then the output projection
+// into `out`. The band's q, scores and head outputs stay in that core's L2 cache, and every
+// GEMM has `band` rows; ATen's flash attention instead works on (32 x d) query blocks and
+// reaches a third of the GEMM rate at these shapes.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
+#include <c10/core/GradMode.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "vec.h"
+
+namespace {
+
+using namespace paca_mm_vec;
+
+// Softmax over each of `segs` consecutive segments of M scores in each of `rows` rows (rows
+// `ld` floats apart), in place.
+PACA_ISA_CLONES void softmax_segments(float* s, int64_t rows, int64_t ld, int64_t segs,
+                                      int64_t M) {
+  const int64_t full = M / 16 * 16, tail = M - full;
+  // lanes of the last, overlapping window [M - 16, M) that lie beyond the full vectors
+  v16f tail_mask = vset(0.0f);
+  for (int64_t i = 16 - tail; i < 16; ++i) tail_mask[i] = 1.0f;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t g = 0; g < segs; ++g) {
+      float* p = s + r * ld + g * M;
+      if (M < 16) {  // a few keys: scalar
+        float m = p[0], total = 0;
+        for (int64_t c = 1; c < M; ++c) m = p[c] > m ? p[c] : m;
+        for (int64_t c = 0; c < M; ++c) total += (p[c] = std::exp(p[c] - m));
+        for (int64_t c = 0; c < M; ++c) p[c] /= total;
+        continue;
+      }
+      const v16f last = vload(p + M - 16);  // before the full vectors are overwritten
+      v16f mx = last;
+      for (int64_t c = 0; c < full; c += 16) {
+        const v16f v = vload(p + c);
+        mx = v > mx ? v : mx;
+      }
+      const float m = hmax(mx);
+      v16f sum = vset(0.0f);
+      for (int64_t c = 0; c < full; c += 16) {
+        const v16f x = vload(p + c) - m;
+        const v16f e = x < -87.0f ? vset(0.0f) : exp_nonpositive(x);  // 0 below float range
+        sum += e;
+        vstore(p + c, e);
+      }
+      v16f e_last = vset(0.0f);
+      if (tail) {
+        const v16f x = last - m;
+        e_last = x < -87.0f ? vset(0.0f) : exp_nonpositive(x);
+        sum += e_last * tail_mask;
+      }
+      const v16f inv = vset(1.0f / hsum(sum));
+      for (int64_t c = 0; c < full; c += 16) vstore(p + c, vload(p + c) * inv);
+      if (tail) vstore(p + M - 16, e_last * inv);  // the overlap gets the same values again
+    }
+  }
+}
+
+void check_f32(const at::Tensor& t, const char* name, at::IntArrayRef shape) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(),
+              "paca_mm p2c_attention: ", name, " must be a contiguous float32 CPU tensor");
+  TORCH_CHECK(t.sizes() == shape, "paca_mm p2c_attention: ", name, " has shape ", t.sizes(),
+              ", expected ", shape);
+}
+
+}  // namespace
+
+// Two modes (B: batch, N tokens, C channels, h heads of d = C / h channels, M keys):
+//
+// * per head (kt given): x1 = xn w_in^T + b_in is q (w_in: (1, C, C)); per head,
+//   o_h = softmax(q_h kt_h) v_h with kt (B, h, d, M) the scaled keys transposed and
+//   v (B, M, C) the values; out (+)= o w_out^T + b_out (w_out: (1, C, C)).
+// * folded (kt undefined): the q and output projections are folded into the keys and values
+//   of each image, w_in (B, h*M, C), b_in (B, h*M), w_out (B, C, h*M): x1 = xn w_in[b]^T +
+//   b_in[b] are the scores, softmax over each head's M of them in place, and
+//   out (+)= x1 w_out[b]^T + b_out. Two GEMMs per band instead of 2 + 2h; worth it when
+//   h * M is about C + M (PaCa's first stage).
+//
+// xn, out, residual: (B, N, C) contiguous float32; out = residual + attention (residual
+// undefined: out = attention); out may be xn or residual itself. band: tokens a thread runs
+// at a time.
+void p2c_attention_inference(const at::Tensor& xn, const at::Tensor& w_in,
+                             const at::Tensor& b_in, const std::optional<at::Tensor>& kt_opt,
+                             const std::optional<at::Tensor>& v_opt, const at::Tensor& w_out,
+                             const at::Tensor& b_out, const std::optional<at::Tensor>& residual,
+                             at::Tensor& out, int64_t heads, int64_t band) {
+  TORCH_CHECK(xn.dim() == 3, "paca_mm p2c_attention: xn must be (B, N, C)");
+  TORCH_CHECK(band >= 1, "paca_mm p2c_attention: band must be >= 1");
+  TORCH_CHECK(heads >= 1, "paca_mm p2c_attention: heads must be >= 1");
+  const int64_t B = xn.size(0), N = xn.size(1), C = xn.size(2);
+  TORCH_CHECK(C % heads == 0, "paca_mm p2c_attention: heads = ", heads, " does not divide C = ",
+              C);
+  const int64_t d = C / heads;
+  const bool per_head = kt_opt.has_value() && kt_opt->defined();
+  const int64_t M = per_head ? kt_opt->size(-1) : w_in.size(1) / heads;
+  TORCH_CHECK(M >= 1, "paca_mm p2c_attention: there must be at least one key");
+  const int64_t bw = per_head ? 1 : B, f1 = per_head ? C : heads * M;
+  check_f32(xn, "xn", {B, N, C});
+  check_f32(out, "out", {B, N, C});
+  const bool has_residual = residual.has_value() && residual->defined();
+  if (has_residual) check_f32(*residual, "residual", {B, N, C});
+  check_f32(w_in, "w_in", {bw, f1, C});
+  check_f32(b_in, "b_in", {bw, f1});
+  check_f32(w_out, "w_out", {bw, C, f1});
+  check_f32(b_out, "b_out", {C});
+  if (per_head) {
+    check_f32(*kt_opt, "kt", {B, heads, d, M});
+    TORCH_CHECK(v_opt.has_value() && v_opt->defined(), "paca_mm p2c_attention: v missing");
+    check_f32(*v_opt, "v", {B, M, C});
+  }
+  c10::NoGradGuard no_grad;
+
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), N));
+  const at::ThreadLocalState tls;  // grad / inference mode of the caller, for the workers
+  at::parallel_for(0, B * threads, 1, [&](int64_t begin, int64_t end) {
+    at::ThreadLocalStateGuard tls_guard(tls);
+    c10::NoGradGuard guard;
+    const int64_t tb = std::min(band, N);
+    at::Tensor x1 = at::empty({tb, f1}, xn.options());
+    at::Tensor s, o;
+    if (per_head) {
+      s = at::empty({tb, M}, xn.options());
+      o = at::empty({tb, C}, xn.options());
+    }
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t bi = task / threads, k = task % threads;
+      const int64_t T0 = N * k / threads, T1 = N * (k + 1) / threads;
+      const at::Tensor xb = xn[bi], ob = out[bi];
+      const at::Tensor w1t = w_in[per_head ? 0 : bi].t(), b1 = b_in[per_head ? 0 : bi];
+      const at::Tensor w2t = w_out[per_head ? 0 : bi].t();
+      for (int64_t t0 = T0; t0 < T1; t0 += tb) {
+        const int64_t n = std::min(tb, T1 - t0);
+        at::Tensor x1n = x1.narrow(0, 0, n), mixed = x1n;
+        at::addmm_out(x1n, b1, xb.narrow(0, t0, n), w1t);
+        if (per_head) {
+          at::Tensor sn = s.narrow(0, 0, n);
+          mixed = o.narrow(0, 0, n);
+          for (int64_t h = 0; h < heads; ++h) {
+            at::Tensor head_out = mixed.narrow(1, h * d, d);
+            at::mm_out(sn, x1n.narrow(1, h * d, d), (*kt_opt)[bi][h]);
+            softmax_segments(sn.data_ptr<float>(), n, M, 1, M);
+            at::mm_out(head_out, sn, (*v_opt)[bi].narrow(1, h * d, d));
+          }
+        } else {
+          softmax_segments(x1n.data_ptr<float>(), n, f1, heads, M);
+        }
+        at::Tensor dst = ob.narrow(0, t0, n);
+        if (has_residual) {
+          at::addmm_out(dst, (*residual)[bi].narrow(0, t0, n), mixed, w2t).add_(b_out);
+        } else {
+          at::addmm_out(dst, b_out, mixed, w2t);
+        }
+      }
+    }
+  });
+}
+
+TORCH_LIBRARY_FRAGMENT(paca_mm, m) {
+  m.def(
+      "p2c_attention_inference(Tensor xn, Tensor w_in, Tensor b_in, Tensor? kt, Tensor? v, "
+      "Tensor w_out, Tensor b_out, Tensor? residual, Tensor(a!) out, int heads, int band) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(paca_mm, CPU, m) {
+  m.impl("p2c_attention_inference", p2c_attention_inference);
+}
