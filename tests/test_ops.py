@@ -1,6 +1,8 @@
-"""The compiled CPU op (paca_mm/ops/csrc/conv_ffn.cpp): the whole ConvFFN for float32 CPU
-inference. It must compute the same function as the module-by-module path, for every band
-size, thread count, batch, residual and pre-norm form, and be used by ConvFFN where it may."""
+"""The compiled CPU ops (paca_mm/ops/csrc) for float32 CPU inference: the whole ConvFFN
+(conv_ffn.cpp) and the patch-to-cluster attention (p2c_attention.cpp). They must compute the
+same function as the module-by-module paths, for every band size, thread count, batch,
+residual and pre-norm form (FFN) or head / cluster count and mode (attention), and be used
+where they may."""
 import os
 
 import pytest
@@ -9,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from paca_mm import ops
-from paca_mm.models.layers import ConvFFN
+from paca_mm.models.layers import ConvFFN, PaCaAttention
 
 needs_op = pytest.mark.skipif(
     os.environ.get('PACA_MM_NO_OPS') == '1' and not ops.status()[0],
@@ -206,3 +208,146 @@ def test_no_ops_switch():
                          timeout=300)
     assert out.returncode == 0, out.stderr
     assert "(False, 'turned off by PACA_MM_NO_OPS=1')" in out.stdout
+
+
+# ---------------------------------------------------------------- p2c_attention_inference
+def _attn(dim, heads, clusters, seed=0):
+    torch.manual_seed(seed)
+    attn = PaCaAttention(dim, heads, clusters, clustering=None)
+    with torch.no_grad():
+        for p in attn.parameters():
+            p.normal_(0, 0.3)
+    return attn.eval()
+
+
+def _attn_reference(attn, x, z, residual=None):
+    """Module by module, with ATen's scaled_dot_product_attention (float64)."""
+    attn = _attn_copy64(attn)
+    x, z = x.double(), z.double()
+    c = attn.cluster_norm(z @ x)
+    B, N, C = x.shape
+    h = attn.num_heads
+    q = attn.q(x).view(B, N, h, -1).transpose(1, 2)
+    k = attn.k(c).view(B, -1, h, C // h).transpose(1, 2)
+    v = attn.v(c).view(B, -1, h, C // h).transpose(1, 2)
+    out = attn.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, N, C))
+    return (out if residual is None else out + residual.double()).float()
+
+
+def _attn_copy64(attn):
+    import copy
+    return copy.deepcopy(attn).double()
+
+
+def _assignment(B, M, N, sharp=1.):
+    return torch.softmax(sharp * torch.randn(B, M, N), dim=-1)
+
+
+@needs_op
+@pytest.mark.parametrize('C,heads,M', [(16, 1, 1), (16, 2, 7), (32, 2, 16), (32, 4, 20),
+                                       (48, 2, 100), (64, 8, 33)])
+@pytest.mark.parametrize('fold', [False, True])
+@pytest.mark.parametrize('band', [1, 5, 10 ** 6])
+@pytest.mark.parametrize('threads', [1, 2, 3])
+def test_attention_op_equals_reference(C, heads, M, fold, band, threads, monkeypatch):
+    """Both modes (per-head GEMMs, or projections folded into the keys and values), the
+    scalar (M < 16), tail (M % 16) and whole-vector softmax, bands of 1 token to all."""
+    attn = _attn(C, heads, M)
+    monkeypatch.setattr(PaCaAttention, 'op_band_tokens', band)
+    monkeypatch.setattr(PaCaAttention, 'op_fold_ratio', 1e9 if fold else 0.)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.no_grad():
+            x = torch.randn(2, 23, C)
+            z = _assignment(2, M, 23)
+            res = torch.randn_like(x)
+            out, z_out, logits = attn(x, (23, 1), z, residual=res)
+            fresh, _, _ = attn(x, (23, 1), z)
+    finally:
+        torch.set_num_threads(old)
+    assert z_out is z and logits is None
+    torch.testing.assert_close(out, _attn_reference(attn, x, z, res), rtol=1e-5, atol=2e-5)
+    torch.testing.assert_close(fresh, _attn_reference(attn, x, z), rtol=1e-5, atol=2e-5)
+
+
+@pytest.fixture
+def attn_op_calls(monkeypatch):
+    """Records each PaCaAttention.forward_op call (the op path) in the returned list."""
+    calls = []
+    real = PaCaAttention.forward_op
+
+    def spy(self, *args, **kwargs):
+        calls.append(1)
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(PaCaAttention, 'forward_op', spy)
+    return calls
+
+
+@needs_op
+@pytest.mark.parametrize('fold', [False, True])
+def test_attention_op_softmax_over_a_wide_range(fold, monkeypatch, attn_op_calls):
+    """Scores from about -1e3 to 1e3 (near one-hot rows, exp far below the float range) and
+    equal scores (uniform rows): the op's own max-shifted exp must match."""
+    monkeypatch.setattr(PaCaAttention, 'op_fold_ratio', 1e9 if fold else 0.)
+    attn = _attn(32, 2, 20)
+    with torch.no_grad():
+        x = torch.randn(1, 40, 32)
+        z = _assignment(1, 20, 40)
+        for scale in (300., 0.):
+            attn.k.weight.mul_(scale)
+            attn.k.bias.mul_(scale)
+            out, _, _ = attn(x, (8, 5), z)
+            torch.testing.assert_close(out, _attn_reference(attn, x, z), rtol=1e-4, atol=1e-4)
+    assert len(attn_op_calls) == 2
+
+
+@needs_op
+def test_attention_uses_the_op_where_it_may(attn_op_calls):
+    attn = _attn(16, 2, 5)
+    x = torch.randn(1, 12, 16)
+    z = _assignment(1, 5, 12)
+    with torch.no_grad():
+        attn(x, (3, 4), z)
+        assert attn_op_calls == [1]
+        _attn(16, 2, 5).double()(x.double(), (3, 4), z)  # float64: not the op
+        _attn(16, 2, 0)(x, (3, 4))  # plain MHSA (M = 0): not the op
+        assert attn_op_calls == [1]
+        attn.train()
+        attn(x, (3, 4), z)
+        attn.eval()
+        attn(x.transpose(1, 2).contiguous().transpose(1, 2), (3, 4), z)  # strided tokens
+    assert attn_op_calls == [1]
+    attn(x, (3, 4), z)  # autograd on: not the op
+    attn.q.register_forward_hook(lambda *a: None)
+    with torch.no_grad():
+        attn(x, (3, 4), z)  # a hooked q is called as a module
+    assert attn_op_calls == [1]
+
+
+@needs_op
+def test_attention_op_rejects_bad_input():
+    C, h, M = 16, 2, 5
+    x = torch.randn(1, 12, C)
+    w, b = torch.randn(1, C, C), torch.randn(1, C)
+    kt, v = torch.randn(1, h, C // h, M), torch.randn(1, M, C)
+    op = torch.ops.paca_mm.p2c_attention_inference
+    out = torch.empty_like(x)
+    with pytest.raises(RuntimeError, match='heads = 3 does not divide C = 16'):
+        op(x, w, b, kt, v, w, b[0], None, out, 3, 8)
+    with pytest.raises(RuntimeError, match='kt has shape'):
+        op(x, w, b, kt[:, :, 1:].contiguous(), v, w, b[0], None, out, h, 8)
+    with pytest.raises(RuntimeError, match='xn must be a contiguous float32 CPU tensor'):
+        op(x.double(), w, b, kt, v, w, b[0], None, out, h, 8)
+    with pytest.raises(RuntimeError, match='residual has shape'):
+        op(x, w, b, kt, v, w, b[0], x[:, :5], out, h, 8)
+    with pytest.raises(RuntimeError, match='v missing'):
+        op(x, w, b, kt, None, w, b[0], None, out, h, 8)
+    with pytest.raises(RuntimeError, match='band must be >= 1'):
+        op(x, w, b, kt, v, w, b[0], None, out, h, 0)
+    # out may be the residual itself
+    ref = x.clone()
+    op(x, w, b, kt, v, w, b[0], ref, out, h, 8)
+    res = x.clone()
+    op(x, w, b, kt, v, w, b[0], res, res, h, 8)
+    torch.testing.assert_close(res, out)
