@@ -28,8 +28,10 @@ def test_benchmark_table(tmp_path):
     for r in rows:
         assert float(r['fwd_ms']) > 0 and float(r['fwd_bwd_ms']) > 0
         assert float(r['mem_mb']) >= 0 and float(r['fwd_faults_k']) >= 0
+        assert 0 <= float(r['fwd_steal_pct']) <= 100  # Linux reports steal in /proc/stat
     assert abs(float(rows[0]['params_m']) - 11.81568) < 1e-4  # PaCa-Tiny backbone
     assert 'default glibc malloc' in md and '| paca_tiny | 64x64 |' in md
+    assert '| fwd steal % |' in md
     assert (tmp_path / 'benchmark.png').stat().st_size > 0
 
 

@@ -79,17 +79,34 @@ def _minor_faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def time_forward(model, x, device, amp):
-    """Seconds of one inference forward, and the minor page faults it caused (CPU: every
-    large tensor the allocator takes fresh from the OS costs page faults + zeroing)."""
+def _steal_seconds():
+    """CPU seconds the hypervisor has taken from this VM's vCPUs (all of them together; the
+    'steal' column of /proc/stat), or None where the system does not report it."""
+    try:
+        with open('/proc/stat') as f:
+            fields = f.readline().split()
+        return int(fields[8]) / os.sysconf('SC_CLK_TCK')
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def time_forward(model, x, device, amp, threads=1):
+    """Seconds of one inference forward; the minor page faults it caused (CPU: every large
+    tensor the allocator takes fresh from the OS costs page faults + zeroing); and the share
+    of the ``threads`` vCPUs' time the hypervisor stole meanwhile (None if unknown). On a
+    shared VM a stolen share of s makes the forward up to 1 / (1 - s) times slower."""
     with torch.inference_mode(), _autocast(device, amp):
         _sync(device)
         faults = _minor_faults()
+        steal = _steal_seconds()
         t = time.perf_counter()
         model(x)
         _sync(device)
         t = time.perf_counter() - t
-    return t, _minor_faults() - faults
+        steal_end = _steal_seconds()
+    share = None if steal is None or steal_end is None else min(
+        1., (steal_end - steal) / (t * min(threads, os.cpu_count() or 1)))
+    return t, _minor_faults() - faults, share
 
 
 def time_forward_backward(model, x, device, amp):
@@ -165,15 +182,18 @@ def run(args):
         x = torch.randn(1, 3, *shape, device=args.device)
         fwd = {n: [] for n in models}
         faults = {n: [] for n in models}
+        steal = {n: [] for n in models}
         fb = {n: [] for n in models}
         for n, m in models.items():  # warm-up
             for _ in range(args.warmup):
                 time_forward(m, x, args.device, args.amp)
         for _ in range(args.repeats):  # interleaved
             for n, m in models.items():
-                t, f = time_forward(m, x, args.device, args.amp)
+                t, f, s = time_forward(m, x, args.device, args.amp, args.threads)
                 fwd[n].append(t)
                 faults[n].append(f)
+                if s is not None:
+                    steal[n].append(s)
         if not args.skip_backward:
             for n, m in models.items():
                 time_forward_backward(m, x, args.device, args.amp)
@@ -185,6 +205,7 @@ def run(args):
                        fwd_ms=1000 * statistics.median(fwd[n]),
                        fwd_bwd_ms=1000 * statistics.median(fb[n]) if fb[n] else None,
                        fwd_faults_k=statistics.median(faults[n]) / 1e3,
+                       fwd_steal_pct=100 * statistics.median(steal[n]) if steal[n] else None,
                        mem_mb=None if args.skip_memory else measure_memory(n, size, args),
                        params_m=sum(p.numel() for p in m.parameters()) / 1e6,
                        gmacs=None)
@@ -193,7 +214,9 @@ def run(args):
                 row['gmacs'] = None if macs is None else macs / 1e9
             rows.append(row)
             print(f"{n:>11} {row['size']:>9}: fwd {row['fwd_ms']:8.1f} ms "
-                  f"({row['fwd_faults_k']:.0f}k page faults)"
+                  f"({row['fwd_faults_k']:.0f}k page faults"
+                  + (f", {row['fwd_steal_pct']:.0f}% stolen" if row['fwd_steal_pct'] is not None
+                     else '') + ')'
                   + (f", fwd+bwd {row['fwd_bwd_ms']:8.1f} ms" if row['fwd_bwd_ms'] else '')
                   + (f", mem {row['mem_mb']:7.1f} MB" if row['mem_mb'] is not None else ''),
                   flush=True)
@@ -217,10 +240,12 @@ def _fmt(v, ratio):
 
 
 def to_markdown(rows, args):
-    head = ('| model | input | fwd ms | fwd page faults (k) | fwd+bwd ms | peak fwd mem MB '
-            '| params M | GMACs |\n|---|---|---|---|---|---|---|---|\n')
+    head = ('| model | input | fwd ms | fwd page faults (k) | fwd steal % | fwd+bwd ms '
+            '| peak fwd mem MB | params M | GMACs |\n|---|---|---|---|---|---|---|---|---|\n')
     lines = [f"| {r['model']} | {r['size']} | {_fmt(r['fwd_ms'], r['fwd_ms_ratio'])} | "
-             f"{r['fwd_faults_k']:.0f} | {_fmt(r['fwd_bwd_ms'], r['fwd_bwd_ms_ratio'])} | "
+             f"{r['fwd_faults_k']:.0f} | "
+             f"{'–' if r['fwd_steal_pct'] is None else format(r['fwd_steal_pct'], '.0f')} | "
+             f"{_fmt(r['fwd_bwd_ms'], r['fwd_bwd_ms_ratio'])} | "
              f"{_fmt(r['mem_mb'], r['mem_mb_ratio'])} | "
              f"{_fmt(r['params_m'], r['params_m_ratio'])} | "
              f"{_fmt(r['gmacs'], r['gmacs_ratio'])} |" for r in rows]
@@ -230,7 +255,9 @@ def to_markdown(rows, args):
         'default glibc malloc'
     return (f'Device: {dev}; torch {torch.__version__}; amp={args.amp}; {malloc}; ratios to '
             f'{REFERENCE} in parentheses; batch 1; median of {args.repeats} interleaved '
-            'runs.\n\n' + head + '\n'.join(lines) + '\n')
+            'runs; fwd steal %: median share of the vCPU time that the hypervisor took '
+            'during a forward (/proc/stat; a share s slows that forward by up to 1 / (1 - s))'
+            '.\n\n' + head + '\n'.join(lines) + '\n')
 
 
 def plot(rows, path):
