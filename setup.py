@@ -27,9 +27,9 @@ def get_version():
 
 
 def ext_modules():
-    """The compiled CPU op (paca_mm/ops/csrc). It needs torch at build time (install with
+    """The compiled CPU ops (paca_mm/ops/csrc). They need torch at build time (install with
     ``pip install --no-build-isolation``); without torch, or with PACA_MM_NO_OPS=1, paca_mm
-    installs without it and uses the slower pure-ATen path (paca_mm.ops.status() says why)."""
+    installs without them and uses the slower pure-ATen paths (paca_mm.ops.status() says why)."""
     if os.environ.get('PACA_MM_NO_OPS', '0') == '1':
         return [], {}
     try:
