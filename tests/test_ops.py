@@ -120,17 +120,21 @@ def test_op_gelu_over_a_wide_range():
     torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-5)
 
 
-@pytest.fixture
-def op_calls(monkeypatch):
-    """Records each ConvFFN.forward_op call (the op path) in the returned list."""
+def _record_calls(monkeypatch, cls):
+    """Records each ``cls.forward_op`` call (the op path) in the returned list."""
     calls = []
-    real = ConvFFN.forward_op
+    real = cls.forward_op
 
     def spy(self, *args, **kwargs):
         calls.append(1)
         return real(self, *args, **kwargs)
-    monkeypatch.setattr(ConvFFN, 'forward_op', spy)
+    monkeypatch.setattr(cls, 'forward_op', spy)
     return calls
+
+
+@pytest.fixture
+def op_calls(monkeypatch):
+    return _record_calls(monkeypatch, ConvFFN)
 
 
 @needs_op
@@ -273,15 +277,7 @@ def test_attention_op_equals_reference(C, heads, M, fold, band, threads, monkeyp
 
 @pytest.fixture
 def attn_op_calls(monkeypatch):
-    """Records each PaCaAttention.forward_op call (the op path) in the returned list."""
-    calls = []
-    real = PaCaAttention.forward_op
-
-    def spy(self, *args, **kwargs):
-        calls.append(1)
-        return real(self, *args, **kwargs)
-    monkeypatch.setattr(PaCaAttention, 'forward_op', spy)
-    return calls
+    return _record_calls(monkeypatch, PaCaAttention)
 
 
 @needs_op

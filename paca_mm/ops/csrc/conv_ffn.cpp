@@ -15,6 +15,7 @@
 #include <c10/core/GradMode.h>
 #include <torch/library.h>
 
+#include "checks.h"
 #include "vec.h"
 
 #include <algorithm>
@@ -97,11 +98,8 @@ PACA_ISA_CLONES void layer_norm_rows(const float* x, int64_t rows, int64_t C, co
   }
 }
 
-void check_f32(const at::Tensor& t, const char* name, at::IntArrayRef shape) {
-  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(),
-              "paca_mm conv_ffn: ", name, " must be a contiguous float32 CPU tensor");
-  TORCH_CHECK(t.sizes() == shape, "paca_mm conv_ffn: ", name, " has shape ", t.sizes(),
-              ", expected ", shape);
+void check(const at::Tensor& t, const char* name, at::IntArrayRef shape) {
+  paca_mm_checks::check_f32(t, "conv_ffn", name, shape);
 }
 
 }  // namespace
@@ -122,19 +120,19 @@ void conv_ffn_inference(const at::Tensor& x, int64_t H, int64_t W,
               H * W);
   TORCH_CHECK(hid % 16 == 0, "paca_mm conv_ffn: the hidden width must be a multiple of 16");
   TORCH_CHECK(band_rows >= 1, "paca_mm conv_ffn: band_rows must be >= 1");
-  check_f32(x, "x", {B, H * W, C});
-  check_f32(out, "out", {B, H * W, C});
-  check_f32(w1, "w1", {hid, C});
-  check_f32(b1, "b1", {hid});
-  check_f32(w9, "w9", {9, hid});
-  check_f32(dw_bias, "dw_bias", {hid});
-  check_f32(w2, "w2", {C, hid});
-  check_f32(b2, "b2", {C});
+  check(x, "x", {B, H * W, C});
+  check(out, "out", {B, H * W, C});
+  check(w1, "w1", {hid, C});
+  check(b1, "b1", {hid});
+  check(w9, "w9", {9, hid});
+  check(dw_bias, "dw_bias", {hid});
+  check(w2, "w2", {C, hid});
+  check(b2, "b2", {C});
   const bool has_ln = ln_weight.has_value() && ln_weight->defined();
   if (has_ln) {
-    check_f32(*ln_weight, "ln_weight", {C});
+    check(*ln_weight, "ln_weight", {C});
     TORCH_CHECK(ln_bias.has_value() && ln_bias->defined(), "paca_mm conv_ffn: ln_bias missing");
-    check_f32(*ln_bias, "ln_bias", {C});
+    check(*ln_bias, "ln_bias", {C});
   }
   c10::NoGradGuard no_grad;
 

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "checks.h"
 #include "vec.h"
 
 namespace {
@@ -72,11 +73,8 @@ PACA_ISA_CLONES void softmax_segments(float* s, int64_t rows, int64_t ld, int64_
   }
 }
 
-void check_f32(const at::Tensor& t, const char* name, at::IntArrayRef shape) {
-  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(),
-              "paca_mm p2c_attention: ", name, " must be a contiguous float32 CPU tensor");
-  TORCH_CHECK(t.sizes() == shape, "paca_mm p2c_attention: ", name, " has shape ", t.sizes(),
-              ", expected ", shape);
+void check(const at::Tensor& t, const char* name, at::IntArrayRef shape) {
+  paca_mm_checks::check_f32(t, "p2c_attention", name, shape);
 }
 
 }  // namespace
@@ -111,18 +109,18 @@ void p2c_attention_inference(const at::Tensor& xn, const at::Tensor& w_in,
   const int64_t M = per_head ? kt_opt->size(-1) : w_in.size(1) / heads;
   TORCH_CHECK(M >= 1, "paca_mm p2c_attention: there must be at least one key");
   const int64_t bw = per_head ? 1 : B, f1 = per_head ? C : heads * M;
-  check_f32(xn, "xn", {B, N, C});
-  check_f32(out, "out", {B, N, C});
+  check(xn, "xn", {B, N, C});
+  check(out, "out", {B, N, C});
   const bool has_residual = residual.has_value() && residual->defined();
-  if (has_residual) check_f32(*residual, "residual", {B, N, C});
-  check_f32(w_in, "w_in", {bw, f1, C});
-  check_f32(b_in, "b_in", {bw, f1});
-  check_f32(w_out, "w_out", {bw, C, f1});
-  check_f32(b_out, "b_out", {C});
+  if (has_residual) check(*residual, "residual", {B, N, C});
+  check(w_in, "w_in", {bw, f1, C});
+  check(b_in, "b_in", {bw, f1});
+  check(w_out, "w_out", {bw, C, f1});
+  check(b_out, "b_out", {C});
   if (per_head) {
-    check_f32(*kt_opt, "kt", {B, heads, d, M});
+    check(*kt_opt, "kt", {B, heads, d, M});
     TORCH_CHECK(v_opt.has_value() && v_opt->defined(), "paca_mm p2c_attention: v missing");
-    check_f32(*v_opt, "v", {B, M, C});
+    check(*v_opt, "v", {B, M, C});
   }
   c10::NoGradGuard no_grad;
 
