@@ -56,14 +56,14 @@ fi
 "${PIP[@]}" install -q -r requirements/mmcv.txt -r requirements/runtime.txt -r requirements/tests.txt \
   -c requirements/torch.txt
 "${PIP[@]}" install -q --no-build-isolation --no-deps -e .
-# The compiled CPU op (paca_mm/ops/csrc) next to the sources: an editable install does not
-# keep it. About 40 s; it needs the venv's torch, hence no build isolation.
-log "building paca_mm's CPU op (paca_mm/_ops*.so)"
+# The compiled CPU ops (paca_mm/ops/csrc) next to the sources: an editable install does not
+# keep them. About a minute; they need the venv's torch, hence no build isolation.
+log "building paca_mm's CPU ops (paca_mm/_ops*.so)"
 if ! "$VENV/bin/python" setup.py build_ext --inplace --force >"$VENV/paca_mm_ops_build.log" 2>&1; then
   tail -n 40 "$VENV/paca_mm_ops_build.log"
-  log "building the CPU op failed (log: $VENV/paca_mm_ops_build.log)"; exit 1
+  log "building the CPU ops failed (log: $VENV/paca_mm_ops_build.log)"; exit 1
 fi
-"$VENV/bin/python" -c "import paca_mm.ops as o; ok, why = o.status(); print('paca_mm CPU op:', why); raise SystemExit(0 if ok else 1)"
+"$VENV/bin/python" -c "import paca_mm.ops as o; ok, why = o.status(); print('paca_mm CPU ops:', why); raise SystemExit(0 if ok else 1)"
 "$VENV/bin/python" -c "import mmcv.ops, mmdet, mmseg, mmpretrain, paca_mm; print('paca_mm', paca_mm.__version__, 'mmcv', mmcv.__version__)"
 echo "$WANT" > "$STAMP"
 log "done"
