@@ -326,24 +326,31 @@ def test_attention_op_rejects_bad_input():
     C, h, M = 16, 2, 5
     x = torch.randn(1, 12, C)
     w, b = torch.randn(1, C, C), torch.randn(1, C)
-    kt, v = torch.randn(1, h, C // h, M), torch.randn(1, M, C)
+    kt, v, sb = torch.randn(1, h, C // h, M), torch.randn(1, M, C), torch.randn(1, h * M)
     op = torch.ops.paca_mm.p2c_attention_inference
     out = torch.empty_like(x)
     with pytest.raises(RuntimeError, match='heads = 3 does not divide C = 16'):
-        op(x, w, b, kt, v, w, b[0], None, out, 3, 8)
+        op(x, w, sb, kt, v, w, b[0], None, out, 3, 8)
     with pytest.raises(RuntimeError, match='kt has shape'):
-        op(x, w, b, kt[:, :, 1:].contiguous(), v, w, b[0], None, out, h, 8)
+        op(x, w, sb, kt[:, :, 1:].contiguous(), v, w, b[0], None, out, h, 8)
     with pytest.raises(RuntimeError, match='xn must be a contiguous float32 CPU tensor'):
-        op(x.double(), w, b, kt, v, w, b[0], None, out, h, 8)
+        op(x.double(), w, sb, kt, v, w, b[0], None, out, h, 8)
     with pytest.raises(RuntimeError, match='residual has shape'):
-        op(x, w, b, kt, v, w, b[0], x[:, :5], out, h, 8)
+        op(x, w, sb, kt, v, w, b[0], x[:, :5], out, h, 8)
     with pytest.raises(RuntimeError, match='v missing'):
-        op(x, w, b, kt, None, w, b[0], None, out, h, 8)
+        op(x, w, sb, kt, None, w, b[0], None, out, h, 8)
     with pytest.raises(RuntimeError, match='band must be >= 1'):
-        op(x, w, b, kt, v, w, b[0], None, out, h, 0)
+        op(x, w, sb, kt, v, w, b[0], None, out, h, 0)
     # out may be the residual itself
     ref = x.clone()
-    op(x, w, b, kt, v, w, b[0], ref, out, h, 8)
+    op(x, w, sb, kt, v, w, b[0], ref, out, h, 8)
     res = x.clone()
-    op(x, w, b, kt, v, w, b[0], res, res, h, 8)
+    op(x, w, sb, kt, v, w, b[0], res, res, h, 8)
     torch.testing.assert_close(res, out)
+    with pytest.raises(RuntimeError, match='b_in has shape'):
+        op(x, w, b, kt, v, w, b[0], None, out, h, 8)  # q's bias, not the (B, h*M) score bias
+    # no output bias = a zero one
+    no_bias, zero = torch.empty_like(x), torch.empty_like(x)
+    op(x, w, sb, kt, v, w, None, None, no_bias, h, 8)
+    op(x, w, sb, kt, v, w, torch.zeros(C), None, zero, h, 8)
+    torch.testing.assert_close(no_bias, zero)

@@ -243,20 +243,22 @@ class PaCaAttention(nn.Module):
         # per head, the keys transposed and scaled as in scaled_dot_product_attention
         kt = (k * d ** -0.5).reshape(B, M, h, d).permute(0, 2, 3, 1)  # (B, h, d, M)
         wq, bq, wp, bp = self.q.weight, self.q.bias, self.proj.weight, self.proj.bias
+        ktt = kt.transpose(2, 3)  # (B, h, M, d)
+        # q's bias enters the scores as bq_h kt_h: added in the op's softmax pass
+        b_in = torch.matmul(ktt, bq.view(h, d, 1)).reshape(B, h * M)
         if h * M <= self.op_fold_ratio * (C + M):
-            # scores = x (Wq_h^T kt_h) + bq_h kt_h; out = sum_h P_h (v_h Wp_h^T) + bp
-            ktt = kt.transpose(2, 3)  # (B, h, M, d)
+            # scores = x (Wq_h^T kt_h) + bq_h kt_h; out = sum_h P_h (v_h Wp_h^T) + bp, and as
+            # every head's P_h rows sum to 1, bp / h joins each of its columns
             w_in = torch.matmul(ktt, wq.view(h, d, C)).reshape(B, h * M, C)
-            b_in = torch.matmul(ktt, bq.view(h, d, 1)).reshape(B, h * M)
             w_out = torch.matmul(wp.view(C, h, d).transpose(0, 1),  # (h, C, d)
                                  v.reshape(B, M, h, d).permute(0, 2, 3, 1))  # (B, h, C, M)
-            w_out = w_out.transpose(1, 2).reshape(B, C, h * M)
-            kt = vals = None
+            w_out = (w_out + (bp / h).view(C, 1)).transpose(1, 2).reshape(B, C, h * M)
+            kt = vals = bp = None
         else:
-            w_in, b_in, w_out = wq.unsqueeze(0), bq.unsqueeze(0), wp.unsqueeze(0)
-            kt, vals = kt.contiguous(), v.contiguous()
+            w_in, w_out = wq.unsqueeze(0), wp.unsqueeze(0)
+            kt, vals, bp = kt.contiguous(), v.contiguous(), bp.contiguous()
         out = torch.empty_like(x)
         torch.ops.paca_mm.p2c_attention_inference(
-            x, w_in.contiguous(), b_in.contiguous(), kt, vals, w_out.contiguous(),
-            bp.contiguous(), residual, out, h, self.op_band_tokens)
+            x, w_in.contiguous(), b_in.contiguous(), kt, vals, w_out.contiguous(), bp,
+            residual, out, h, self.op_band_tokens)
         return out

@@ -29,9 +29,10 @@ namespace {
 using namespace paca_mm_vec;
 
 // Softmax over each of `segs` consecutive segments of M scores in each of `rows` rows (rows
-// `ld` floats apart), in place.
+// `ld` floats apart), in place, of the scores plus `bias` (segs * M floats, the same for
+// every row).
 PACA_ISA_CLONES void softmax_segments(float* s, int64_t rows, int64_t ld, int64_t segs,
-                                      int64_t M) {
+                                      int64_t M, const float* bias) {
   const int64_t full = M / 16 * 16, tail = M - full;
   // lanes of the last, overlapping window [M - 16, M) that lie beyond the full vectors
   v16f tail_mask = vset(0.0f);
@@ -39,23 +40,25 @@ PACA_ISA_CLONES void softmax_segments(float* s, int64_t rows, int64_t ld, int64_
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t g = 0; g < segs; ++g) {
       float* p = s + r * ld + g * M;
+      const float* q = bias + g * M;
       if (M < 16) {  // a few keys: scalar
-        float m = p[0], total = 0;
-        for (int64_t c = 1; c < M; ++c) m = p[c] > m ? p[c] : m;
-        for (int64_t c = 0; c < M; ++c) total += (p[c] = std::exp(p[c] - m));
+        float m = p[0] + q[0], total = 0;
+        for (int64_t c = 1; c < M; ++c) m = p[c] + q[c] > m ? p[c] + q[c] : m;
+        for (int64_t c = 0; c < M; ++c) total += (p[c] = std::exp(p[c] + q[c] - m));
         for (int64_t c = 0; c < M; ++c) p[c] /= total;
         continue;
       }
-      const v16f last = vload(p + M - 16);  // before the full vectors are overwritten
+      // the last window, read before the full vectors are overwritten
+      const v16f last = vload(p + M - 16) + vload(q + M - 16);
       v16f mx = last;
       for (int64_t c = 0; c < full; c += 16) {
-        const v16f v = vload(p + c);
+        const v16f v = vload(p + c) + vload(q + c);
         mx = v > mx ? v : mx;
       }
       const float m = hmax(mx);
       v16f sum = vset(0.0f);
       for (int64_t c = 0; c < full; c += 16) {
-        const v16f x = vload(p + c) - m;
+        const v16f x = vload(p + c) + vload(q + c) - m;
         const v16f e = x < -87.0f ? vset(0.0f) : exp_nonpositive(x);  // 0 below float range
         sum += e;
         vstore(p + c, e);
@@ -81,22 +84,24 @@ void check(const at::Tensor& t, const char* name, at::IntArrayRef shape) {
 
 // Two modes (B: batch, N tokens, C channels, h heads of d = C / h channels, M keys):
 //
-// * per head (kt given): x1 = xn w_in^T + b_in is q (w_in: (1, C, C)); per head,
-//   o_h = softmax(q_h kt_h) v_h with kt (B, h, d, M) the scaled keys transposed and
-//   v (B, M, C) the values; out (+)= o w_out^T + b_out (w_out: (1, C, C)).
+// * per head (kt given): q = xn w_in^T, without q's bias (w_in: (1, C, C)); per head,
+//   o_h = softmax(q_h kt_h + b_in[b, h]) v_h with kt (B, h, d, M) the scaled keys transposed,
+//   b_in (B, h*M) = q's bias times them, and v (B, M, C) the values;
+//   out = o w_out^T + b_out (w_out: (1, C, C)).
 // * folded (kt undefined): the q and output projections are folded into the keys and values
-//   of each image, w_in (B, h*M, C), b_in (B, h*M), w_out (B, C, h*M): x1 = xn w_in[b]^T +
-//   b_in[b] are the scores, softmax over each head's M of them in place, and
-//   out (+)= x1 w_out[b]^T + b_out. Two GEMMs per band instead of 2 + 2h; worth it when
-//   h * M is about C + M (PaCa's first stage).
+//   of each image, w_in (B, h*M, C), w_out (B, C, h*M): the scores are xn w_in[b]^T, their
+//   softmax over each head's M (plus b_in[b]) is taken in place, and out = x1 w_out[b]^T
+//   (+ b_out). Two GEMMs per band instead of 2 + 2h; worth it when h * M is about C + M
+//   (PaCa's first stage).
 //
 // xn, out, residual: (B, N, C) contiguous float32; out = residual + attention (residual
-// undefined: out = attention); out may be xn or residual itself. band: tokens a thread runs
-// at a time.
+// undefined: out = attention); out may be xn or residual itself. b_out (C) may be undefined
+// (no output bias). band: tokens a thread runs at a time.
 void p2c_attention_inference(const at::Tensor& xn, const at::Tensor& w_in,
                              const at::Tensor& b_in, const std::optional<at::Tensor>& kt_opt,
                              const std::optional<at::Tensor>& v_opt, const at::Tensor& w_out,
-                             const at::Tensor& b_out, const std::optional<at::Tensor>& residual,
+                             const std::optional<at::Tensor>& b_out_opt,
+                             const std::optional<at::Tensor>& residual,
                              at::Tensor& out, int64_t heads, int64_t band) {
   TORCH_CHECK(xn.dim() == 3, "paca_mm p2c_attention: xn must be (B, N, C)");
   TORCH_CHECK(band >= 1, "paca_mm p2c_attention: band must be >= 1");
@@ -114,9 +119,10 @@ void p2c_attention_inference(const at::Tensor& xn, const at::Tensor& w_in,
   const bool has_residual = residual.has_value() && residual->defined();
   if (has_residual) check(*residual, "residual", {B, N, C});
   check(w_in, "w_in", {bw, f1, C});
-  check(b_in, "b_in", {bw, f1});
+  check(b_in, "b_in", {B, heads * M});
   check(w_out, "w_out", {bw, C, f1});
-  check(b_out, "b_out", {C});
+  const bool has_b_out = b_out_opt.has_value() && b_out_opt->defined();
+  if (has_b_out) check(*b_out_opt, "b_out", {C});
   if (per_head) {
     check(*kt_opt, "kt", {B, heads, d, M});
     TORCH_CHECK(v_opt.has_value() && v_opt->defined(), "paca_mm p2c_attention: v missing");
@@ -140,29 +146,33 @@ void p2c_attention_inference(const at::Tensor& xn, const at::Tensor& w_in,
       const int64_t bi = task / threads, k = task % threads;
       const int64_t T0 = N * k / threads, T1 = N * (k + 1) / threads;
       const at::Tensor xb = xn[bi], ob = out[bi];
-      const at::Tensor w1t = w_in[per_head ? 0 : bi].t(), b1 = b_in[per_head ? 0 : bi];
+      const at::Tensor w1t = w_in[per_head ? 0 : bi].t();
+      const float* score_bias = b_in[bi].data_ptr<float>();
       const at::Tensor w2t = w_out[per_head ? 0 : bi].t();
       for (int64_t t0 = T0; t0 < T1; t0 += tb) {
         const int64_t n = std::min(tb, T1 - t0);
         at::Tensor x1n = x1.narrow(0, 0, n), mixed = x1n;
-        at::addmm_out(x1n, b1, xb.narrow(0, t0, n), w1t);
+        at::mm_out(x1n, xb.narrow(0, t0, n), w1t);
         if (per_head) {
           at::Tensor sn = s.narrow(0, 0, n);
           mixed = o.narrow(0, 0, n);
           for (int64_t h = 0; h < heads; ++h) {
             at::Tensor head_out = mixed.narrow(1, h * d, d);
             at::mm_out(sn, x1n.narrow(1, h * d, d), (*kt_opt)[bi][h]);
-            softmax_segments(sn.data_ptr<float>(), n, M, 1, M);
+            softmax_segments(sn.data_ptr<float>(), n, M, 1, M, score_bias + h * M);
             at::mm_out(head_out, sn, (*v_opt)[bi].narrow(1, h * d, d));
           }
         } else {
-          softmax_segments(x1n.data_ptr<float>(), n, f1, heads, M);
+          softmax_segments(x1n.data_ptr<float>(), n, f1, heads, M, score_bias);
         }
         at::Tensor dst = ob.narrow(0, t0, n);
         if (has_residual) {
-          at::addmm_out(dst, (*residual)[bi].narrow(0, t0, n), mixed, w2t).add_(b_out);
+          at::addmm_out(dst, (*residual)[bi].narrow(0, t0, n), mixed, w2t);
+          if (has_b_out) dst.add_(*b_out_opt);
+        } else if (has_b_out) {
+          at::addmm_out(dst, *b_out_opt, mixed, w2t);
         } else {
-          at::addmm_out(dst, b_out, mixed, w2t);
+          at::mm_out(dst, mixed, w2t);
         }
       }
     }
@@ -172,7 +182,7 @@ void p2c_attention_inference(const at::Tensor& xn, const at::Tensor& w_in,
 TORCH_LIBRARY_FRAGMENT(paca_mm, m) {
   m.def(
       "p2c_attention_inference(Tensor xn, Tensor w_in, Tensor b_in, Tensor? kt, Tensor? v, "
-      "Tensor w_out, Tensor b_out, Tensor? residual, Tensor(a!) out, int heads, int band) -> ()");
+      "Tensor w_out, Tensor? b_out, Tensor? residual, Tensor(a!) out, int heads, int band) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(paca_mm, CPU, m) {
