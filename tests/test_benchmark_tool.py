@@ -5,6 +5,9 @@ import os.path as osp
 import subprocess
 import sys
 
+import pytest
+import torch
+
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
 
@@ -39,3 +42,17 @@ def test_benchmark_malloc_keep(tmp_path):
     proc, rows, md = _run(tmp_path, '--skip-backward', '--skip-memory', '--malloc-keep')
     assert 'freed memory kept in the heap' in md
     assert rows[0]['fwd_bwd_ms'] == '' and rows[0]['mem_mb'] == ''
+
+
+def test_benchmark_bad_device(tmp_path):
+    """A device the machine lacks is named in a clear error, before any model is built."""
+    if torch.cuda.is_available():
+        pytest.skip('this machine has a CUDA device')
+    cmd = [sys.executable, osp.join(ROOT, 'tools', 'benchmark.py'), '--device', 'cuda',
+           '--out', str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 2
+    assert 'no CUDA device is usable here' in proc.stderr
+    proc = subprocess.run(cmd[:-4] + ['--device', 'gpu0', '--out', str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 2 and 'is not a torch device' in proc.stderr

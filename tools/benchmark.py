@@ -301,6 +301,15 @@ def main(argv=None):
     p.add_argument('--memory-worker', nargs=2, metavar=('MODEL', 'SIZE'),
                    help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as e:
+        p.error(f'--device {args.device!r} is not a torch device ({e}); use cpu or cuda[:N]')
+    if device.type == 'cuda' and not torch.cuda.is_available():
+        p.error(f'--device {args.device}: no CUDA device is usable here '
+                '(torch.cuda.is_available() is False); run on a GPU machine or use --device cpu')
+    if device.type not in ('cpu', 'cuda'):
+        p.error(f'--device {args.device}: only cpu and cuda are supported')
     if args.malloc_keep and any(os.environ.get(k) != v for k, v in MALLOC_KEEP.items()):
         # glibc reads these once at start-up: re-execute this command with them set
         argv = sys.argv[1:] if argv is None else list(argv)
