@@ -56,3 +56,11 @@ def test_benchmark_bad_device(tmp_path):
     proc = subprocess.run(cmd[:-4] + ['--device', 'gpu0', '--out', str(tmp_path)],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 2 and 'is not a torch device' in proc.stderr
+
+
+def test_benchmark_amp_on_cpu(tmp_path):
+    """--amp (bf16 autocast on the CPU) runs forward and forward + backward for every model."""
+    proc, rows, md = _run(tmp_path, '--amp', '--skip-memory')
+    assert 'amp=True' in md
+    for r in rows:
+        assert float(r['fwd_ms']) > 0 and float(r['fwd_bwd_ms']) > 0
