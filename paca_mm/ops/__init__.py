@@ -12,9 +12,9 @@ band's intermediates stay in that core's L2 cache:
 The Python code falls back to ATen/oneDNN ops when the library is not built; :func:`status`
 says why.
 
-Build it in a source checkout with ``python setup.py build_ext --inplace`` (what
+Build them in a source checkout with ``python setup.py build_ext --inplace`` (what
 ``tools/setup_env.sh`` does after ``pip install -e .``). ``PACA_MM_NO_OPS=1`` in the
-environment turns it off at build and at run time.
+environment turns them off at build and at run time.
 """
 import glob
 import os

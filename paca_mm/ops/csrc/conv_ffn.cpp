@@ -82,17 +82,13 @@ PACA_ISA_CLONES void layer_norm_rows(const float* x, int64_t rows, int64_t C, co
   for (int64_t r = 0; r < rows; ++r, x += C, out += C) {
     v16f s = vset(0.0f);
     for (int64_t c = 0; c < C; c += 16) s += vload(x + c);
-    float mean = 0;
-    for (int i = 0; i < 16; ++i) mean += s[i];
-    mean /= static_cast<float>(C);
+    const float mean = hsum(s) / static_cast<float>(C);
     v16f q = vset(0.0f);
     for (int64_t c = 0; c < C; c += 16) {
       const v16f d = vload(x + c) - mean;
       q += d * d;
     }
-    float var = 0;
-    for (int i = 0; i < 16; ++i) var += q[i];
-    const float rstd = 1.0f / std::sqrt(var / static_cast<float>(C) + eps);
+    const float rstd = 1.0f / std::sqrt(hsum(q) / static_cast<float>(C) + eps);
     for (int64_t c = 0; c < C; c += 16)
       vstore(out + c, (vload(x + c) - mean) * rstd * vload(w + c) + vload(b + c));
   }

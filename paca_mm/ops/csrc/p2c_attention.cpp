@@ -149,6 +149,8 @@ void p2c_attention_inference(const at::Tensor& xn, const at::Tensor& w_in,
       const at::Tensor w1t = w_in[per_head ? 0 : bi].t();
       const float* score_bias = b_in[bi].data_ptr<float>();
       const at::Tensor w2t = w_out[per_head ? 0 : bi].t();
+      const at::Tensor ktb = per_head ? (*kt_opt)[bi] : at::Tensor();
+      const at::Tensor vb = per_head ? (*v_opt)[bi] : at::Tensor();
       for (int64_t t0 = T0; t0 < T1; t0 += tb) {
         const int64_t n = std::min(tb, T1 - t0);
         at::Tensor x1n = x1.narrow(0, 0, n), mixed = x1n;
@@ -158,9 +160,9 @@ void p2c_attention_inference(const at::Tensor& xn, const at::Tensor& w_in,
           mixed = o.narrow(0, 0, n);
           for (int64_t h = 0; h < heads; ++h) {
             at::Tensor head_out = mixed.narrow(1, h * d, d);
-            at::mm_out(sn, x1n.narrow(1, h * d, d), (*kt_opt)[bi][h]);
+            at::mm_out(sn, x1n.narrow(1, h * d, d), ktb[h]);
             softmax_segments(sn.data_ptr<float>(), n, M, 1, M, score_bias + h * M);
-            at::mm_out(head_out, sn, (*v_opt)[bi].narrow(1, h * d, d));
+            at::mm_out(head_out, sn, vb.narrow(1, h * d, d));
           }
         } else {
           softmax_segments(x1n.data_ptr<float>(), n, f1, heads, M, score_bias);
