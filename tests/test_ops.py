@@ -52,14 +52,14 @@ def _reference(ffn, x, hw, norm=None):
 
 @needs_op
 @pytest.mark.parametrize('hw', [(7, 5), (1, 9), (9, 1), (2, 2), (13, 6)])
-@pytest.mark.parametrize('band_bytes', [1, 10 ** 9])  # one row per band / one band
+@pytest.mark.parametrize('band_rows', [1, 2, 3, 10 ** 6])  # the ring of hidden rows wraps
 @pytest.mark.parametrize('threads', [1, 2, 3])
 @pytest.mark.parametrize('mode', ['fresh', 'residual', 'into_x'])
 @pytest.mark.parametrize('dim', [8, 16])  # the op's own LayerNorm needs C % 16 == 0
-def test_op_equals_reference(hw, band_bytes, threads, mode, dim, monkeypatch):
+def test_op_equals_reference(hw, band_rows, threads, mode, dim, monkeypatch):
     ffn = _ffn(dim)  # hidden 4 * dim
     norm = _norm(dim)
-    monkeypatch.setattr(ConvFFN, 'op_band_bytes', band_bytes)
+    monkeypatch.setattr(ConvFFN, 'op_band_bytes', band_rows * hw[1] * 4 * dim * 4)
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -354,3 +354,16 @@ def test_attention_op_rejects_bad_input():
     op(x, w, sb, kt, v, w, None, None, no_bias, h, 8)
     op(x, w, sb, kt, v, w, torch.zeros(C), None, zero, h, 8)
     torch.testing.assert_close(no_bias, zero)
+
+
+def test_forward_op_without_the_ops_says_why(monkeypatch):
+    """Calling forward_op directly when the library is unavailable is a clear error, not an
+    AttributeError from torch.ops."""
+    monkeypatch.setattr(ops, '_STATUS', (False, 'paca_mm/_ops*.so is not built (test)'))
+    ffn = _ffn(16)
+    x = torch.randn(1, 12, 16)
+    with torch.no_grad(), pytest.raises(RuntimeError, match='is not built'):
+        ffn.forward_op(x, (3, 4))
+    attn = PaCaAttention(16, 2, 4, 'conv').eval()
+    with torch.no_grad(), pytest.raises(RuntimeError, match='is not built'):
+        attn.forward_op(x, torch.randn(1, 4, 16))

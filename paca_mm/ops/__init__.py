@@ -70,3 +70,11 @@ def available() -> bool:
         warnings.warn(f'paca_mm: the compiled CPU ops are unavailable, using the ATen paths '
                       f'(slower on CPU): {reason}')
     return ok
+
+
+def require() -> None:
+    """Load the ops, or raise a RuntimeError that says why they are unavailable (for code
+    that calls them directly, such as the layers' ``forward_op`` methods)."""
+    ok, reason = status()
+    if not ok:
+        raise RuntimeError(f'paca_mm: the compiled CPU ops are unavailable: {reason}')

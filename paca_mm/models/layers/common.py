@@ -253,6 +253,7 @@ class ConvFFN(nn.Module):
             self.fc1.weight, self.fc1.bias, conv.bias, self.fc2.weight, self.fc2.bias))
         if ln_w is not None:
             ln_w, ln_b = ln_w.contiguous(), ln_b.contiguous()
+        ops.require()  # loaded (forward() checked it; a direct call may not have)
         torch.ops.paca_mm.conv_ffn_inference(
             x, hw[0], hw[1], ln_w, ln_b, eps, fc1_w, fc1_b, w9, dw_b, fc2_w, fc2_b, out,
             residual is not None, rows)

@@ -258,6 +258,7 @@ class PaCaAttention(nn.Module):
             w_in, w_out = wq.unsqueeze(0), wp.unsqueeze(0)
             kt, vals, bp = kt.contiguous(), v.contiguous(), bp.contiguous()
         out = torch.empty_like(x)
+        ops.require()  # loaded (forward() checked it; a direct call may not have)
         torch.ops.paca_mm.p2c_attention_inference(
             x, w_in.contiguous(), b_in.contiguous(), kt, vals, w_out.contiguous(), bp,
             residual, out, h, self.op_band_tokens)

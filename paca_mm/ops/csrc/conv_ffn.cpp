@@ -21,7 +21,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 namespace {
@@ -179,42 +178,39 @@ void conv_ffn_inference(const at::Tensor& x, int64_t H, int64_t W,
     at::ThreadLocalStateGuard tls_guard(tls);
     c10::NoGradGuard guard;
     const int64_t rb = std::min(band_rows, H);
-    at::Tensor buf = at::empty({rb + 2, W, hid}, x.options());  // hidden rows r0-1 .. r1
+    // A ring of S hidden rows: hidden row j (j >= -1) lives in slot (j + 1) % S. A band's
+    // output rows r0 .. r1 - 1 need hidden rows r0 - 1 .. r1, at most S = rb + 2 of them,
+    // so a band only computes the rows it adds and nothing is moved between bands.
+    const int64_t S = rb + 2;
+    at::Tensor buf = at::empty({S, W, hid}, x.options());
     at::Tensor y = at::empty({rb * W, hid}, x.options());
     float* bp = buf.data_ptr<float>();
     const int64_t hrow = W * hid;
+    auto slot = [&](int64_t row) { return (row + 1) % S; };
     for (int64_t task = begin; task < end; ++task) {
       const int64_t bi = task / threads, k = task % threads;
       const int64_t R0 = bounds[k], R1 = bounds[k + 1];
       if (R0 >= R1) continue;
       const at::Tensor xb = x[bi], ob = out[bi];
-      // buf row 0 = hidden row R0 - 1 (or padding)
-      if (R0 > 0) buf[0].copy_(border[bi][k][0]);  // else row -1 is padding (never read)
-      int64_t have = 1;
+      if (R0 > 0) buf[slot(R0 - 1)].copy_(border[bi][k][0]);  // else row -1 is padding
+      int64_t next = R0;  // the next hidden row of this chunk to compute
       for (int64_t r0 = R0; r0 < R1; r0 += rb) {
         const int64_t r1 = std::min(r0 + rb, R1);
-        // hidden rows r0 - 1 + have .. r1 (inclusive of the halo r1 if inside the image)
-        const int64_t start = r0 - 1 + have, stop = std::min(r1 + 1, H);
-        int64_t n = have;
-        const int64_t own_stop = std::min(stop, R1);  // rows of this chunk
-        if (own_stop > start) {
-          hidden_rows(xb.narrow(0, start * W, (own_stop - start) * W),
-                      buf.narrow(0, n, own_stop - start).view({-1, hid}));
-          n += own_stop - start;
+        const int64_t last = std::min(r1, H - 1);  // the band's last hidden row
+        const int64_t own_last = std::min(last, R1 - 1);  // ... that this chunk computes
+        while (next <= own_last) {  // rows next .. own_last, split where the ring wraps
+          const int64_t s0 = slot(next), n = std::min(own_last + 1 - next, S - s0);
+          hidden_rows(xb.narrow(0, next * W, n * W), buf.narrow(0, s0, n).view({-1, hid}));
+          next += n;
         }
-        if (stop > R1) {  // halo row R1 belongs to the next chunk: precomputed
-          buf[n].copy_(border[bi][k + 1][1]);
-          n += 1;
-        }
-        // output rows r0 .. r1 - 1; buffer row i holds hidden row r0 - 1 + i
+        if (last == R1) buf[slot(R1)].copy_(border[bi][k + 1][1]);  // the next chunk's row
+        // output rows r0 .. r1 - 1
         float* yp = y.data_ptr<float>();
         for (int64_t r = r0; r < r1; ++r) {
-          const int64_t i = r - r0;  // buffer row of hidden row r - 1
-          const float* tp = (r == 0) ? nullptr : bp + i * hrow;
-          const float* mp = bp + (i + 1) * hrow;
-          const float* btm = (r + 1 >= H) ? nullptr : bp + (i + 2) * hrow;
-          dw_gelu_row(tp, mp, btm, W, hid, w9.data_ptr<float>(), bias_full.data(), pad.data(),
-                      yp + i * hrow);
+          const float* tp = (r == 0) ? nullptr : bp + slot(r - 1) * hrow;
+          const float* btm = (r + 1 >= H) ? nullptr : bp + slot(r + 1) * hrow;
+          dw_gelu_row(tp, bp + slot(r) * hrow, btm, W, hid, w9.data_ptr<float>(),
+                      bias_full.data(), pad.data(), yp + (r - r0) * hrow);
         }
         at::Tensor o = ob.narrow(0, r0 * W, (r1 - r0) * W);
         at::Tensor yr = y.narrow(0, 0, (r1 - r0) * W);
@@ -222,10 +218,6 @@ void conv_ffn_inference(const at::Tensor& x, int64_t H, int64_t W,
           o.addmm_(yr, w2t).add_(b2);
         } else {
           at::addmm_out(o, b2, yr, w2t);
-        }
-        if (r1 < R1) {  // hidden rows r1 - 1 and r1 start the next band
-          std::memmove(bp, bp + (r1 - r0) * hrow, 2 * hrow * sizeof(float));
-          have = 2;
         }
       }
     }
