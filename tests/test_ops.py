@@ -4,6 +4,7 @@ same function as the module-by-module paths, for every band size, thread count, 
 residual and pre-norm form (FFN) or head / cluster count and mode (attention), and be used
 where they may."""
 import os
+import platform
 
 import pytest
 import torch
@@ -367,3 +368,51 @@ def test_forward_op_without_the_ops_says_why(monkeypatch):
     attn = PaCaAttention(16, 2, 4, 'conv').eval()
     with torch.no_grad(), pytest.raises(RuntimeError, match='is not built'):
         attn.forward_op(x, torch.randn(1, 4, 16))
+
+
+@needs_op
+@pytest.mark.parametrize('fold', [False, True])
+@pytest.mark.parametrize('into', ['residual', 'x'])
+def test_attention_op_writes_into_its_inputs(fold, into, monkeypatch):
+    """``out`` may be the residual (the projection accumulates into it) or the normalised
+    tokens themselves (each band is read before it is written)."""
+    monkeypatch.setattr(PaCaAttention, 'op_fold_ratio', 1e9 if fold else 0.)
+    monkeypatch.setattr(PaCaAttention, 'op_band_tokens', 4)
+    attn = _attn(32, 2, 20)
+    with torch.no_grad():
+        x = torch.randn(2, 23, 32)
+        z = _assignment(2, 20, 23)
+        res = torch.randn_like(x)
+        ref = _attn_reference(attn, x, z, res)
+        c = attn.cluster_norm(z @ x)
+        xs, rs = x.clone(), res.clone()
+        out = attn.forward_op(xs, c, rs, out=rs if into == 'residual' else xs)
+    assert out.data_ptr() == (rs if into == 'residual' else xs).data_ptr()
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize('packed', ['1', '0'])
+def test_ops_with_and_without_packed_weights(packed, monkeypatch):
+    """Both GEMM paths of the ops (gemm.h): weights packed once per call where libtorch
+    exports MKL's packed GEMM (x86 builds), else / with PACA_MM_PACKED_GEMM=0 ATen's mm."""
+    if not ops.status()[0]:
+        pytest.skip('the ops are not built')
+    monkeypatch.setenv('PACA_MM_PACKED_GEMM', packed)
+    if packed == '0':
+        assert not ops.packed_gemm()
+    elif platform.machine() in ('x86_64', 'AMD64') and torch.backends.mkl.is_available():
+        assert ops.packed_gemm()  # this build's libtorch exports them: they must be used
+    ffn, norm = _ffn(16), _norm(16)
+    attn = _attn(48, 2, 100)
+    with torch.no_grad():
+        x = torch.randn(2, 7 * 6, 16)
+        out = ffn.forward_op(x.clone(), (7, 6), None, norm)
+        torch.testing.assert_close(out, _reference(ffn, x, (7, 6), norm), rtol=1e-5, atol=2e-5)
+        for fold in (False, True):
+            monkeypatch.setattr(PaCaAttention, 'op_fold_ratio', 1e9 if fold else 0.)
+            xa = torch.randn(2, 30, 48)
+            z = _assignment(2, 100, 30)
+            res = torch.randn_like(xa)
+            out, _, _ = attn(xa, (6, 5), z, residual=res)
+            torch.testing.assert_close(out, _attn_reference(attn, xa, z, res), rtol=1e-5,
+                                       atol=2e-5)

@@ -9,6 +9,10 @@ band's intermediates stay in that core's L2 cache:
   the tokens to the M cluster tokens (q projection, per-head softmax(q k^T) v, output
   projection, residual add), bands of tokens.
 
+Their GEMMs run against weights each thread packs once per call into MKL's internal layout
+(``gemm.h``; :func:`packed_gemm`), where libtorch exports MKL's packed-GEMM functions (its x86
+builds do); elsewhere, or with ``PACA_MM_PACKED_GEMM=0``, they call ATen's mm.
+
 The Python code falls back to ATen/oneDNN ops when the library is not built; :func:`status`
 says why.
 
@@ -26,7 +30,7 @@ import torch
 _HERE = osp.dirname(osp.dirname(osp.abspath(__file__)))
 _STATUS = None  # (loaded: bool, reason: str)
 _TURNED_OFF = 'turned off by PACA_MM_NO_OPS=1'
-OPS = ('conv_ffn_inference', 'p2c_attention_inference')
+OPS = ('conv_ffn_inference', 'p2c_attention_inference', 'packed_gemm_enabled')
 
 
 def _load():
@@ -78,3 +82,10 @@ def require() -> None:
     ok, reason = status()
     if not ok:
         raise RuntimeError(f'paca_mm: the compiled CPU ops are unavailable: {reason}')
+
+
+def packed_gemm() -> bool:
+    """Whether the ops' GEMMs run on weights packed once per call (MKL's
+    cblas_sgemm_pack/compute, exported by libtorch's x86 builds; off with
+    ``PACA_MM_PACKED_GEMM=0``) rather than through ATen's mm. False without the ops."""
+    return status()[0] and bool(torch.ops.paca_mm.packed_gemm_enabled())

@@ -230,11 +230,13 @@ class PaCaAttention(nn.Module):
                 and ops.available())
 
     def forward_op(self, x: torch.Tensor, c: torch.Tensor,
-                   residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+                   residual: Optional[torch.Tensor] = None,
+                   out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``(residual +) proj(attention(q(x), k(c), v(c)))`` by
         ``torch.ops.paca_mm.p2c_attention_inference``: x (B, N, C) normalised tokens, c
-        (B, M, C) cluster tokens; returns a new (B, N, C) tensor. Each thread runs its
-        share of the tokens ``op_band_tokens`` at a time, every intermediate in its cache."""
+        (B, M, C) cluster tokens; returns ``out``, a new (B, N, C) tensor unless given (it
+        may be ``x`` or ``residual`` itself). Each thread runs its share of the tokens
+        ``op_band_tokens`` at a time, every intermediate in its cache."""
         B, N, C = x.shape
         h = self.num_heads
         d = C // h
@@ -257,7 +259,8 @@ class PaCaAttention(nn.Module):
         else:
             w_in, w_out = wq.unsqueeze(0), wp.unsqueeze(0)
             kt, vals, bp = kt.contiguous(), v.contiguous(), bp.contiguous()
-        out = torch.empty_like(x)
+        if out is None:
+            out = torch.empty_like(x)
         ops.require()  # loaded (forward() checked it; a direct call may not have)
         torch.ops.paca_mm.p2c_attention_inference(
             x, w_in.contiguous(), b_in.contiguous(), kt, vals, w_out.contiguous(), bp,

@@ -5,8 +5,8 @@
 // The image is split into one chunk of rows per thread; each thread runs its chunk a few rows
 // at a time (LN, fc1 GEMM, depth-wise 3x3 + exact GELU, fc2 GEMM into `out`), so a band's
 // hidden map (rows x W x rC) stays in that core's L2 cache instead of streaming through L3
-// between ops. The GEMMs are ATen's (single-threaded inside the parallel region); the
-// depth-wise conv + GELU is the vectorised loop below. fc1's bias is folded into it (the
+// between ops. The GEMMs run single-threaded inside the parallel region, against weights
+// each thread packed once (gemm.h); the depth-wise conv + GELU is the vectorised loop below. fc1's bias is folded into it (the
 // zero padding of the conv then reads -b1, which is what padding the biased map with zeros
 // means), so fc1 is a plain GEMM.
 #include <ATen/ATen.h>
@@ -16,6 +16,7 @@
 #include <torch/library.h>
 
 #include "checks.h"
+#include "gemm.h"
 #include "vec.h"
 
 #include <algorithm>
@@ -150,17 +151,22 @@ void conv_ffn_inference(const at::Tensor& x, int64_t H, int64_t W,
   std::vector<int64_t> bounds(threads + 1);
   for (int64_t k = 0; k <= threads; ++k) bounds[k] = H * k / threads;
 
-  auto hidden_rows = [&](const at::Tensor& xs, at::Tensor dst) {
-    // dst (n*W, hid) = LN(xs) @ w1^T (no bias), xs: (n*W, C)
-    if (!has_ln) {
-      at::mm_out(dst, xs, w1t);
-    } else if (C % 16 == 0) {
-      at::Tensor xn = at::empty_like(xs);
-      layer_norm_rows(xs.data_ptr<float>(), xs.size(0), C, ln_weight->data_ptr<float>(),
-                      ln_bias->data_ptr<float>(), static_cast<float>(eps), xn.data_ptr<float>());
-      at::mm_out(dst, xn, w1t);
+  // dst (n*W, hid) = LN(xs) @ w1^T (no bias), xs: (n*W, C); through w1p where given
+  auto hidden_rows = [&](const at::Tensor& xs, at::Tensor dst, const paca_mm_gemm::ConstB* w1p) {
+    at::Tensor a = xs;
+    if (has_ln) {
+      if (C % 16 == 0) {
+        a = at::empty_like(xs);
+        layer_norm_rows(xs.data_ptr<float>(), xs.size(0), C, ln_weight->data_ptr<float>(),
+                        ln_bias->data_ptr<float>(), static_cast<float>(eps), a.data_ptr<float>());
+      } else {
+        a = at::layer_norm(xs, {C}, *ln_weight, *ln_bias, eps);
+      }
+    }
+    if (w1p) {
+      w1p->mm(a.data_ptr<float>(), a.size(0), C, dst.data_ptr<float>(), hid, false);
     } else {
-      at::mm_out(dst, at::layer_norm(xs, {C}, *ln_weight, *ln_bias, eps), w1t);
+      at::mm_out(dst, a, w1t);
     }
   };
 
@@ -170,14 +176,17 @@ void conv_ffn_inference(const at::Tensor& x, int64_t H, int64_t W,
   for (int64_t bi = 0; bi < B; ++bi)
     for (int64_t k = 1; k < threads; ++k) {
       const int64_t s = bounds[k];
-      hidden_rows(x[bi].narrow(0, (s - 1) * W, 2 * W), border[bi][k].view({2 * W, hid}));
+      hidden_rows(x[bi].narrow(0, (s - 1) * W, 2 * W), border[bi][k].view({2 * W, hid}),
+                  nullptr);
     }
 
+  const bool pack = paca_mm_gemm::packed_gemm_enabled();
   const at::ThreadLocalState tls;  // grad / inference mode of the caller, for the workers
   at::parallel_for(0, B * threads, 1, [&](int64_t begin, int64_t end) {
     at::ThreadLocalStateGuard tls_guard(tls);
     c10::NoGradGuard guard;
     const int64_t rb = std::min(band_rows, H);
+    const paca_mm_gemm::ConstB w1p(w1t, rb * W, pack), w2p(w2t, rb * W, pack);
     // A ring of S hidden rows: hidden row j (j >= -1) lives in slot (j + 1) % S. A band's
     // output rows r0 .. r1 - 1 need hidden rows r0 - 1 .. r1, at most S = rb + 2 of them,
     // so a band only computes the rows it adds and nothing is moved between bands.
@@ -200,7 +209,8 @@ void conv_ffn_inference(const at::Tensor& x, int64_t H, int64_t W,
         const int64_t own_last = std::min(last, R1 - 1);  // ... that this chunk computes
         while (next <= own_last) {  // rows next .. own_last, split where the ring wraps
           const int64_t s0 = slot(next), n = std::min(own_last + 1 - next, S - s0);
-          hidden_rows(xb.narrow(0, next * W, n * W), buf.narrow(0, s0, n).view({-1, hid}));
+          hidden_rows(xb.narrow(0, next * W, n * W), buf.narrow(0, s0, n).view({-1, hid}),
+                      &w1p);
           next += n;
         }
         if (last == R1) buf[slot(R1)].copy_(border[bi][k + 1][1]);  // the next chunk's row
@@ -212,13 +222,9 @@ void conv_ffn_inference(const at::Tensor& x, int64_t H, int64_t W,
           dw_gelu_row(tp, bp + slot(r) * hrow, btm, W, hid, w9.data_ptr<float>(),
                       bias_full.data(), pad.data(), yp + (r - r0) * hrow);
         }
-        at::Tensor o = ob.narrow(0, r0 * W, (r1 - r0) * W);
-        at::Tensor yr = y.narrow(0, 0, (r1 - r0) * W);
-        if (accumulate) {
-          o.addmm_(yr, w2t).add_(b2);
-        } else {
-          at::addmm_out(o, b2, yr, w2t);
-        }
+        float* o = ob.data_ptr<float>() + r0 * W * C;
+        w2p.mm(yp, (r1 - r0) * W, hid, o, C, accumulate);
+        paca_mm_gemm::add_rows(o, (r1 - r0) * W, C, C, b2.data_ptr<float>());
       }
     }
   });
@@ -229,6 +235,8 @@ TORCH_LIBRARY(paca_mm, m) {
       "conv_ffn_inference(Tensor x, int H, int W, Tensor? ln_weight, Tensor? ln_bias, "
       "float eps, Tensor w1, Tensor b1, Tensor w9, Tensor dw_bias, Tensor w2, Tensor b2, "
       "Tensor(a!) out, bool accumulate, int band_rows) -> ()");
+  // whether the ops' GEMMs use packed weights now (gemm.h)
+  m.def("packed_gemm_enabled() -> bool", [] { return paca_mm_gemm::packed_gemm_enabled(); });
 }
 
 TORCH_LIBRARY_IMPL(paca_mm, CPU, m) { m.impl("conv_ffn_inference", conv_ffn_inference); }

@@ -20,8 +20,10 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "checks.h"
+#include "gemm.h"
 #include "vec.h"
 
 namespace {
@@ -131,8 +133,12 @@ void p2c_attention_inference(const at::Tensor& xn, const at::Tensor& w_in,
   c10::NoGradGuard no_grad;
 
   const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), N));
+  const bool pack = paca_mm_gemm::packed_gemm_enabled();
+  // out aliasing residual: the projection accumulates into it; else out = proj + residual
+  const bool in_place = has_residual && residual->data_ptr() == out.data_ptr();
   const at::ThreadLocalState tls;  // grad / inference mode of the caller, for the workers
   at::parallel_for(0, B * threads, 1, [&](int64_t begin, int64_t end) {
+    using paca_mm_gemm::ConstB;
     at::ThreadLocalStateGuard tls_guard(tls);
     c10::NoGradGuard guard;
     const int64_t tb = std::min(band, N);
@@ -142,40 +148,51 @@ void p2c_attention_inference(const at::Tensor& xn, const at::Tensor& w_in,
       s = at::empty({tb, M}, xn.options());
       o = at::empty({tb, C}, xn.options());
     }
+    // the right-hand matrices, packed by this thread: per image in the folded mode (and the
+    // keys / values per head), once for the shared projections in the per-head mode
+    std::vector<ConstB> w_in_p, w_out_p, kt_p, v_p;
+    int64_t packed_image = -1;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t bi = task / threads, k = task % threads;
       const int64_t T0 = N * k / threads, T1 = N * (k + 1) / threads;
-      const at::Tensor xb = xn[bi], ob = out[bi];
-      const at::Tensor w1t = w_in[per_head ? 0 : bi].t();
+      if (w_in_p.empty() || (!per_head && packed_image != bi)) {
+        w_in_p.assign(1, ConstB(w_in[per_head ? 0 : bi].t(), tb, pack));
+        w_out_p.assign(1, ConstB(w_out[per_head ? 0 : bi].t(), tb, pack));
+      }
+      if (per_head && packed_image != bi) {
+        kt_p.clear(), v_p.clear();
+        for (int64_t h = 0; h < heads; ++h) {
+          kt_p.emplace_back((*kt_opt)[bi][h], tb, pack);  // (d, M)
+          v_p.emplace_back((*v_opt)[bi].narrow(1, h * d, d), tb, pack);  // (M, d), row stride C
+        }
+      }
+      packed_image = bi;
+      const float* xb = xn.data_ptr<float>() + bi * N * C;
+      float* ob = out.data_ptr<float>() + bi * N * C;
+      const float* rb = has_residual ? residual->data_ptr<float>() + bi * N * C : nullptr;
       const float* score_bias = b_in[bi].data_ptr<float>();
-      const at::Tensor w2t = w_out[per_head ? 0 : bi].t();
-      const at::Tensor ktb = per_head ? (*kt_opt)[bi] : at::Tensor();
-      const at::Tensor vb = per_head ? (*v_opt)[bi] : at::Tensor();
+      const float* b_out = has_b_out ? b_out_opt->data_ptr<float>() : nullptr;
+      float* x1p = x1.data_ptr<float>();
       for (int64_t t0 = T0; t0 < T1; t0 += tb) {
         const int64_t n = std::min(tb, T1 - t0);
-        at::Tensor x1n = x1.narrow(0, 0, n), mixed = x1n;
-        at::mm_out(x1n, xb.narrow(0, t0, n), w1t);
+        w_in_p[0].mm(xb + t0 * C, n, C, x1p, f1, false);
+        const float* mixed = x1p;
         if (per_head) {
-          at::Tensor sn = s.narrow(0, 0, n);
-          mixed = o.narrow(0, 0, n);
+          float* sp = s.data_ptr<float>();
+          float* op = o.data_ptr<float>();
           for (int64_t h = 0; h < heads; ++h) {
-            at::Tensor head_out = mixed.narrow(1, h * d, d);
-            at::mm_out(sn, x1n.narrow(1, h * d, d), ktb[h]);
-            softmax_segments(sn.data_ptr<float>(), n, M, 1, M, score_bias + h * M);
-            at::mm_out(head_out, sn, vb.narrow(1, h * d, d));
+            kt_p[h].mm(x1p + h * d, n, f1, sp, M, false);
+            softmax_segments(sp, n, M, 1, M, score_bias + h * M);
+            v_p[h].mm(sp, n, M, op + h * d, C, false);
           }
+          mixed = op;
         } else {
-          softmax_segments(x1n.data_ptr<float>(), n, f1, heads, M, score_bias);
+          softmax_segments(x1p, n, f1, heads, M, score_bias);
         }
-        at::Tensor dst = ob.narrow(0, t0, n);
-        if (has_residual) {
-          at::addmm_out(dst, (*residual)[bi].narrow(0, t0, n), mixed, w2t);
-          if (has_b_out) dst.add_(*b_out_opt);
-        } else if (has_b_out) {
-          at::addmm_out(dst, *b_out_opt, mixed, w2t);
-        } else {
-          at::mm_out(dst, mixed, w2t);
-        }
+        float* dst = ob + t0 * C;
+        w_out_p[0].mm(mixed, n, f1, dst, C, in_place);
+        paca_mm_gemm::add_rows(dst, n, C, C, b_out, in_place ? nullptr : rb ? rb + t0 * C : nullptr,
+                               C);
       }
     }
   });
