@@ -416,3 +416,28 @@ def test_ops_with_and_without_packed_weights(packed, monkeypatch):
             out, _, _ = attn(xa, (6, 5), z, residual=res)
             torch.testing.assert_close(out, _attn_reference(attn, xa, z, res), rtol=1e-5,
                                        atol=2e-5)
+
+
+@needs_op
+def test_op_gelu_is_exact_gelu_over_a_wide_range():
+    """The op's GELU (a fitted rational erf, conv_ffn.cpp) against float64 erf GELU on
+    hidden values from -12 to 12, through the op: fc1 spreads the inputs, the depth-wise conv
+    is zero (only the shortcut), fc2 picks the first C hidden channels."""
+    C, hw = 16, (25, 40)
+    ffn = ConvFFN(C).eval()  # hidden 64
+    with torch.no_grad():
+        ffn.fc1.weight.zero_()
+        ffn.fc1.weight[:C].copy_(torch.eye(C))
+        ffn.fc1.bias.zero_()
+        ffn.dwconv.dwconv.weight.zero_()
+        ffn.dwconv.dwconv.bias.zero_()
+        ffn.fc2.weight.zero_()
+        ffn.fc2.weight[:, :C].copy_(torch.eye(C))
+        ffn.fc2.bias.zero_()
+        a = torch.linspace(-12, 12, hw[0] * hw[1] * C).view(1, -1, C)
+        out = ffn.forward_op(a, hw)
+    ref = F.gelu(a.double())
+    err = (out.double() - ref).abs()
+    # within 3 float32 ulps of the result, or 1e-6 near zero
+    assert (err <= torch.maximum(3 * 2 ** -23 * ref.abs(), torch.full_like(ref, 1e-6))).all(), \
+        f'max error {err.max().item():.3g} at {a.flatten()[err.argmax()].item():.4f}'

@@ -6,9 +6,9 @@
 // at a time (LN, fc1 GEMM, depth-wise 3x3 + exact GELU, fc2 GEMM into `out`), so a band's
 // hidden map (rows x W x rC) stays in that core's L2 cache instead of streaming through L3
 // between ops. The GEMMs run single-threaded inside the parallel region, against weights
-// each thread packed once (gemm.h); the depth-wise conv + GELU is the vectorised loop below. fc1's bias is folded into it (the
-// zero padding of the conv then reads -b1, which is what padding the biased map with zeros
-// means), so fc1 is a plain GEMM.
+// each thread packed once (gemm.h); the depth-wise conv + GELU is the vectorised loop below.
+// fc1's bias is folded into it (the zero padding of the conv then reads -b1, which is what
+// padding the biased map with zeros means), so fc1 is a plain GEMM.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
@@ -28,19 +28,33 @@ namespace {
 
 using namespace paca_mm_vec;
 
-// Exact (erf) GELU, 0.5 a (1 + erf(a / sqrt(2))); erf by Abramowitz & Stegun 7.1.26
-// (|error| < 1.5e-7, the approximation ATen's vectorised erf uses too).
+// Exact (erf) GELU, a Phi(a) = a (1 + erf(a / sqrt(2))) / 2. erf(x) = x P(x^2) / Q(x^2) on
+// |x| < 3.9 (+-1 beyond, where float32's erf is +-1 too), P and Q of degree 5 fitted by
+// tools/fit_gelu_erf.py: |error| < 2.2e-8 in exact arithmetic, about 2 ulp of the GELU in
+// float32. Half the time of the erfc-times-exp form (Abramowitz & Stegun 7.1.26, what ATen
+// uses): no exp and no sign handling, 10 FMAs and one division.
 PACA_INLINE v16f gelu(v16f a) {
-  const v16f x = a * 0.70710678118654752f;
-  const v16f ax = x < 0 ? -x : x;
-  const v16f t = 1.0f / (1.0f + 0.3275911f * ax);
-  v16f p = vset(1.061405429f);
-  p = p * t - 1.453152027f;
-  p = p * t + 1.421413741f;
-  p = p * t - 0.284496736f;
-  p = p * t + 0.254829592f;
-  const v16f y = 1.0f - p * t * exp_nonpositive(-ax * ax);
-  return 0.5f * a * (1.0f + (x < 0 ? -y : y));
+  v16f x = a * 0.70710678118654752f;
+  x = x < -3.9f ? vset(-3.9f) : x;
+  x = x > 3.9f ? vset(3.9f) : x;
+  const v16f t = x * x;
+  v16f p = vset(1.974894933e-06f);
+  p = p * t + 2.880337760e-04f;
+  p = p * t + 4.003296502e-03f;
+  p = p * t + 5.346640319e-02f;
+  p = p * t + 1.962407765e-01f;
+  p = p * t + 1.128378977e+00f;
+  v16f q = vset(3.748113750e-05f);
+  q = q * t + 1.216275567e-03f;
+  q = q * t + 1.544372331e-02f;
+  q = q * t + 1.164730434e-01f;
+  q = q * t + 5.072450219e-01f;
+  q = q * t + 1.0f;
+  v16f e = x * p / q;
+  e = x <= -3.9f ? vset(-1.0f) : e;
+  e = x >= 3.9f ? vset(1.0f) : e;
+  const v16f h = 0.5f * a;
+  return h + h * e;
 }
 
 // One output row of GELU(DWConv3x3 + bias): rows t, m, b (W x C, nullptr = padding row) are
