@@ -147,8 +147,8 @@ def test_convffn_uses_the_op_where_it_may(op_calls, monkeypatch):
         assert op_calls == [1]
         _ffn(8).double()(x.double(), (3, 4))  # float64: not the op
         limit = ConvFFN.op_max_weight_bytes
-        monkeypatch.setattr(ConvFFN, 'op_max_weight_bytes', 0)  # too wide a layer
-        ffn(x, (3, 4))
+        monkeypatch.setattr(ConvFFN, 'op_max_weight_bytes', 0)  # too wide a layer ...
+        ffn(x, (3, 4))  # ... for 12 tokens (6 per thread with 2 threads)
         monkeypatch.setattr(ConvFFN, 'op_max_weight_bytes', limit)
         _ffn(8, ratio=3)(x, (3, 4))  # hidden 24: not a multiple of 16
         ffn.train()
@@ -160,6 +160,30 @@ def test_convffn_uses_the_op_where_it_may(op_calls, monkeypatch):
     with torch.no_grad():
         ffn(x, (3, 4))  # a hooked fc1 is called as a module
     assert op_calls == [1]
+
+
+@needs_op
+@pytest.mark.parametrize('threads', [1, 2, 3])
+def test_wide_convffn_uses_the_op_with_enough_tokens_per_thread(threads, op_calls,
+                                                               monkeypatch):
+    """Weights over op_max_weight_bytes: the op only with op_min_tokens_per_thread tokens
+    for each of the min(threads, H) threads that share the image rows."""
+    monkeypatch.setattr(ConvFFN, 'op_max_weight_bytes', 0)
+    monkeypatch.setattr(ConvFFN, 'op_min_tokens_per_thread', 10)
+    ffn = _ffn(8)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.no_grad():
+            for hw, batch in (((2, 5), 1), ((3, 4), 1), ((4, 5), 1), ((6, 5), 1), ((2, 5), 3)):
+                x = torch.randn(batch, hw[0] * hw[1], 8)
+                n = len(op_calls)
+                out = ffn(x, hw)
+                used = len(op_calls) > n
+                assert used == (batch * hw[0] * hw[1] >= 10 * min(threads, hw[0])), (hw, batch)
+                torch.testing.assert_close(out, _reference(ffn, x, hw), rtol=1e-5, atol=2e-5)
+    finally:
+        torch.set_num_threads(old)
 
 
 @needs_op

@@ -158,12 +158,15 @@ class ConvFFN(nn.Module):
 
     band_bytes = 6 << 20  # hidden-map bytes per band on the ATen CPU inference path
     # The compiled op (paca_mm.ops): hidden-map bytes per thread and band (at least one
-    # image row), and the largest fc1 + fc2 weights it is used for. Its bands are small
-    # enough for a core's L2 cache, which pays while the weights stay there too; with wider
-    # layers (PaCa-Small's stages 3-4, 3.3 MB of weights) re-reading them per band costs
-    # more than it saves, and the ATen path with its larger bands is faster.
+    # image row). Its bands are small enough for a core's L2 cache. Each thread packs fc1's
+    # and fc2's weights once per call and streams them once per band: with weights of up to
+    # op_max_weight_bytes that costs little whatever the size; wider layers (3.3 MB in
+    # PaCa-Small's stage 3, 4.7 MB in its stage 4) need op_min_tokens_per_thread tokens per
+    # thread to repay it (stage 3 at 800x1280: 2000 tokens, 0.91x the ATen path's time; stage
+    # 4: 250, 1.04x), else the ATen path with its larger, multi-threaded GEMMs is faster.
     op_band_bytes = 512 << 10
     op_max_weight_bytes = 1536 << 10
+    op_min_tokens_per_thread = 1024
 
     def __init__(self, dim: int, mlp_ratio: float = 4, drop: float = 0.):
         super().__init__()
@@ -195,22 +198,30 @@ class ConvFFN(nn.Module):
         rows = max(1, self.band_bytes // row_bytes)
         return rows if rows < hw[0] else 0
 
-    def _use_op(self, x: torch.Tensor, residual: Optional[torch.Tensor]) -> bool:
+    def _use_op(self, x: torch.Tensor, residual: Optional[torch.Tensor],
+                hw: Tuple[int, int]) -> bool:
         """Whether the compiled op (:mod:`paca_mm.ops`) computes this call: the banded
         path's conditions, float32 input and weights, a hidden width that is a multiple of 16,
-        biases, and fc1 + fc2 weights of at most ``op_max_weight_bytes``."""
+        biases, and fc1 + fc2 weights of at most ``op_max_weight_bytes`` or at least
+        ``op_min_tokens_per_thread`` tokens per thread (the op gives each thread a share of
+        the ``hw[0]`` rows of every image)."""
         fc1, fc2 = self.fc1, self.fc2
         weight_bytes = 4 * (fc1.weight.numel() + fc2.weight.numel())
-        return (x.dtype == torch.float32 and x.dim() == 3 and fc1.out_features % 16 == 0
+        if x.dim() != 3:
+            return False
+        if weight_bytes > self.op_max_weight_bytes:
+            threads = max(1, min(torch.get_num_threads(), hw[0]))
+            if x.shape[0] * x.shape[1] < self.op_min_tokens_per_thread * threads:
+                return False
+        return (x.dtype == torch.float32 and fc1.out_features % 16 == 0
                 and fc1.weight.dtype == torch.float32 and fc2.weight.dtype == torch.float32
-                and weight_bytes <= self.op_max_weight_bytes
                 and all(b is not None for b in (fc1.bias, fc2.bias, self.dwconv.dwconv.bias))
                 and self._fast_inference(x, residual) and ops.available())
 
     def forward(self, x: torch.Tensor, hw: Tuple[int, int],
                 residual: Optional[torch.Tensor] = None,
                 pre_norm: Optional[nn.Module] = None) -> torch.Tensor:
-        if self._use_op(x, residual):
+        if self._use_op(x, residual, hw):
             return self.forward_op(x, hw, residual, pre_norm)
         rows = self._band_rows(x, hw, residual)
         if rows:
