@@ -417,8 +417,9 @@ def test_attention_op_writes_into_its_inputs(fold, into, monkeypatch):
 
 @pytest.mark.parametrize('packed', ['1', '0'])
 def test_ops_with_and_without_packed_weights(packed, monkeypatch):
-    """Both GEMM paths of the ops (gemm.h): weights packed once per call where libtorch
-    exports MKL's packed GEMM (x86 builds), else / with PACA_MM_PACKED_GEMM=0 ATen's mm."""
+    """Both GEMM paths of the ops (gemm.h): weights packed once per thread where libtorch
+    exports MKL's packed GEMM (x86 builds) and a thread has >= 2048 tokens, else (or with
+    PACA_MM_PACKED_GEMM=0) ATen's mm. The op's pack counter shows which path ran."""
     if not ops.status()[0]:
         pytest.skip('the ops are not built')
     monkeypatch.setenv('PACA_MM_PACKED_GEMM', packed)
@@ -426,20 +427,33 @@ def test_ops_with_and_without_packed_weights(packed, monkeypatch):
         assert not ops.packed_gemm()
     elif platform.machine() in ('x86_64', 'AMD64') and torch.backends.mkl.is_available():
         assert ops.packed_gemm()  # this build's libtorch exports them: they must be used
+    count = torch.ops.paca_mm.packed_gemm_count
     ffn, norm = _ffn(16), _norm(16)
     attn = _attn(48, 2, 100)
-    with torch.no_grad():
-        x = torch.randn(2, 7 * 6, 16)
-        out = ffn.forward_op(x.clone(), (7, 6), None, norm)
-        torch.testing.assert_close(out, _reference(ffn, x, (7, 6), norm), rtol=1e-5, atol=2e-5)
-        for fold in (False, True):
-            monkeypatch.setattr(PaCaAttention, 'op_fold_ratio', 1e9 if fold else 0.)
-            xa = torch.randn(2, 30, 48)
-            z = _assignment(2, 100, 30)
-            res = torch.randn_like(xa)
-            out, _, _ = attn(xa, (6, 5), z, residual=res)
-            torch.testing.assert_close(out, _attn_reference(attn, xa, z, res), rtol=1e-5,
-                                       atol=2e-5)
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with torch.no_grad():
+            for hw in ((7, 6), (64, 72)):  # 21 / 2304 tokens per thread
+                x = torch.randn(1, hw[0] * hw[1], 16)
+                n = count()
+                out = ffn.forward_op(x.clone(), hw, None, norm)
+                assert count() - n == (4 if ops.packed_gemm() and hw[0] == 64 else 0)
+                torch.testing.assert_close(out, _reference(ffn, x, hw, norm), rtol=1e-5,
+                                           atol=2e-5)
+            for fold in (False, True):
+                monkeypatch.setattr(PaCaAttention, 'op_fold_ratio', 1e9 if fold else 0.)
+                for N in (30, 4200):
+                    xa = torch.randn(1, N, 48)
+                    z = _assignment(1, 100, N)
+                    res = torch.randn_like(xa)
+                    n = count()
+                    out, _, _ = attn(xa, (N, 1), z, residual=res)
+                    assert count() - n == (4 if ops.packed_gemm() and N > 30 else 0)
+                    torch.testing.assert_close(out, _attn_reference(attn, xa, z, res),
+                                               rtol=1e-5, atol=2e-5)
+    finally:
+        torch.set_num_threads(old)
 
 
 @needs_op

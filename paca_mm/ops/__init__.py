@@ -9,9 +9,10 @@ band's intermediates stay in that core's L2 cache:
   the tokens to the M cluster tokens (q projection, per-head softmax(q k^T) v, output
   projection, residual add), bands of tokens.
 
-Their GEMMs run against weights each thread packs once per call into MKL's internal layout
-(``gemm.h``; :func:`packed_gemm`), where libtorch exports MKL's packed-GEMM functions (its x86
-builds do); elsewhere, or with ``PACA_MM_PACKED_GEMM=0``, they call ATen's mm.
+Where each thread has enough tokens, their GEMMs run against weights the thread packs once per
+call into MKL's internal layout (``gemm.h``; :func:`packed_gemm`), if libtorch exports MKL's
+packed-GEMM functions (its x86 builds do); otherwise, or with ``PACA_MM_PACKED_GEMM=0``, they
+call ATen's mm.
 
 The Python code falls back to ATen/oneDNN ops when the library is not built; :func:`status`
 says why.
@@ -30,7 +31,8 @@ import torch
 _HERE = osp.dirname(osp.dirname(osp.abspath(__file__)))
 _STATUS = None  # (loaded: bool, reason: str)
 _TURNED_OFF = 'turned off by PACA_MM_NO_OPS=1'
-OPS = ('conv_ffn_inference', 'p2c_attention_inference', 'packed_gemm_enabled')
+OPS = ('conv_ffn_inference', 'p2c_attention_inference', 'packed_gemm_enabled',
+       'packed_gemm_count')
 
 
 def _load():
@@ -85,7 +87,8 @@ def require() -> None:
 
 
 def packed_gemm() -> bool:
-    """Whether the ops' GEMMs run on weights packed once per call (MKL's
+    """Whether the ops' GEMMs may run on weights packed once per thread and call (MKL's
     cblas_sgemm_pack/compute, exported by libtorch's x86 builds; off with
-    ``PACA_MM_PACKED_GEMM=0``) rather than through ATen's mm. False without the ops."""
+    ``PACA_MM_PACKED_GEMM=0``) rather than through ATen's mm: they do where each thread has
+    enough tokens to repay the packing (``gemm.h``). False without the ops."""
     return status()[0] and bool(torch.ops.paca_mm.packed_gemm_enabled())

@@ -194,7 +194,9 @@ void conv_ffn_inference(const at::Tensor& x, int64_t H, int64_t W,
                   nullptr);
     }
 
-  const bool pack = paca_mm_gemm::packed_gemm_enabled();
+  const int64_t tokens = B * H * W / threads;  // per thread
+  const bool pack = paca_mm_gemm::packed_gemm_enabled() &&
+                    paca_mm_gemm::packing_pays(C, hid, tokens);
   const at::ThreadLocalState tls;  // grad / inference mode of the caller, for the workers
   at::parallel_for(0, B * threads, 1, [&](int64_t begin, int64_t end) {
     at::ThreadLocalStateGuard tls_guard(tls);
@@ -249,8 +251,10 @@ TORCH_LIBRARY(paca_mm, m) {
       "conv_ffn_inference(Tensor x, int H, int W, Tensor? ln_weight, Tensor? ln_bias, "
       "float eps, Tensor w1, Tensor b1, Tensor w9, Tensor dw_bias, Tensor w2, Tensor b2, "
       "Tensor(a!) out, bool accumulate, int band_rows) -> ()");
-  // whether the ops' GEMMs use packed weights now (gemm.h)
+  // whether the ops' GEMMs may use packed weights now, and how many matrices were packed
   m.def("packed_gemm_enabled() -> bool", [] { return paca_mm_gemm::packed_gemm_enabled(); });
+  m.def("packed_gemm_count() -> int",
+        [] { return paca_mm_gemm::packed_count().load(std::memory_order_relaxed); });
 }
 
 TORCH_LIBRARY_IMPL(paca_mm, CPU, m) { m.impl("conv_ffn_inference", conv_ffn_inference); }

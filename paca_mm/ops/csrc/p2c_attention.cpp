@@ -133,7 +133,11 @@ void p2c_attention_inference(const at::Tensor& xn, const at::Tensor& w_in,
   c10::NoGradGuard no_grad;
 
   const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), N));
-  const bool pack = paca_mm_gemm::packed_gemm_enabled();
+  // Packed: the projections' matrices (per image in the folded mode, so a thread uses each
+  // for N / threads tokens), where that pays; never the per-head ones (d x M, M x d), small
+  // enough for MKL's no-copy kernels (packing them made stages 2-3 1.02-1.13x slower).
+  const bool pack = paca_mm_gemm::packed_gemm_enabled() &&
+                    paca_mm_gemm::packing_pays(C, f1, (per_head ? B * N : N) / threads);
   // out aliasing residual: the projection accumulates into it; else out = proj + residual
   const bool in_place = has_residual && residual->data_ptr() == out.data_ptr();
   const at::ThreadLocalState tls;  // grad / inference mode of the caller, for the workers
@@ -148,8 +152,8 @@ void p2c_attention_inference(const at::Tensor& xn, const at::Tensor& w_in,
       s = at::empty({tb, M}, xn.options());
       o = at::empty({tb, C}, xn.options());
     }
-    // the right-hand matrices, packed by this thread: per image in the folded mode (and the
-    // keys / values per head), once for the shared projections in the per-head mode
+    // the right-hand matrices of this thread's GEMMs: the projections (per image in the
+    // folded mode, shared in the per-head mode) and, per image, each head's keys and values
     std::vector<ConstB> w_in_p, w_out_p, kt_p, v_p;
     int64_t packed_image = -1;
     for (int64_t task = begin; task < end; ++task) {
@@ -162,8 +166,8 @@ void p2c_attention_inference(const at::Tensor& xn, const at::Tensor& w_in,
       if (per_head && packed_image != bi) {
         kt_p.clear(), v_p.clear();
         for (int64_t h = 0; h < heads; ++h) {
-          kt_p.emplace_back((*kt_opt)[bi][h], tb, pack);  // (d, M)
-          v_p.emplace_back((*v_opt)[bi].narrow(1, h * d, d), tb, pack);  // (M, d), row stride C
+          kt_p.emplace_back((*kt_opt)[bi][h], tb, false);  // (d, M)
+          v_p.emplace_back((*v_opt)[bi].narrow(1, h * d, d), tb, false);  // (M, d), stride C
         }
       }
       packed_image = bi;
