@@ -165,8 +165,8 @@ void conv_ffn_inference(const at::Tensor& x, int64_t H, int64_t W,
   std::vector<int64_t> bounds(threads + 1);
   for (int64_t k = 0; k <= threads; ++k) bounds[k] = H * k / threads;
 
-  // dst (n*W, hid) = LN(xs) @ w1^T (no bias), xs: (n*W, C); through w1p where given
-  auto hidden_rows = [&](const at::Tensor& xs, at::Tensor dst, const paca_mm_gemm::ConstB* w1p) {
+  // dst (n*W, hid) = LN(xs) @ w1^T (no bias), xs: (n*W, C), w1p: w1^T (packed or not)
+  auto hidden_rows = [&](const at::Tensor& xs, at::Tensor dst, const paca_mm_gemm::ConstB& w1p) {
     at::Tensor a = xs;
     if (has_ln) {
       if (C % 16 == 0) {
@@ -177,21 +177,18 @@ void conv_ffn_inference(const at::Tensor& x, int64_t H, int64_t W,
         a = at::layer_norm(xs, {C}, *ln_weight, *ln_bias, eps);
       }
     }
-    if (w1p) {
-      w1p->mm(a.data_ptr<float>(), a.size(0), C, dst.data_ptr<float>(), hid, false);
-    } else {
-      at::mm_out(dst, a, w1t);
-    }
+    w1p.mm(a.data_ptr<float>(), a.size(0), C, dst.data_ptr<float>(), hid, false);
   };
 
   // The hidden rows at chunk borders (rows s - 1 and s for each chunk start s > 0), computed
   // before any thread writes `out` (which may be x): a thread never reads x rows of another.
   at::Tensor border = at::empty({B, threads, 2, W, hid}, x.options());
+  const paca_mm_gemm::ConstB w1_unpacked(w1t, 2 * W, false);  // a few rows: not worth packing
   for (int64_t bi = 0; bi < B; ++bi)
     for (int64_t k = 1; k < threads; ++k) {
       const int64_t s = bounds[k];
       hidden_rows(x[bi].narrow(0, (s - 1) * W, 2 * W), border[bi][k].view({2 * W, hid}),
-                  nullptr);
+                  w1_unpacked);
     }
 
   const int64_t tokens = B * H * W / threads;  // per thread
@@ -226,7 +223,7 @@ void conv_ffn_inference(const at::Tensor& x, int64_t H, int64_t W,
         while (next <= own_last) {  // rows next .. own_last, split where the ring wraps
           const int64_t s0 = slot(next), n = std::min(own_last + 1 - next, S - s0);
           hidden_rows(xb.narrow(0, next * W, n * W), buf.narrow(0, s0, n).view({-1, hid}),
-                      &w1p);
+                      w1p);
           next += n;
         }
         if (last == R1) buf[slot(R1)].copy_(border[bi][k + 1][1]);  // the next chunk's row

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "checks.h"
@@ -154,23 +155,24 @@ void p2c_attention_inference(const at::Tensor& xn, const at::Tensor& w_in,
     }
     // the right-hand matrices of this thread's GEMMs: the projections (per image in the
     // folded mode, shared in the per-head mode) and, per image, each head's keys and values
-    std::vector<ConstB> w_in_p, w_out_p, kt_p, v_p;
-    int64_t packed_image = -1;
+    std::optional<ConstB> w_in_p, w_out_p;
+    std::vector<ConstB> kt_p, v_p;
+    int64_t image = -1;  // the image they were set up for
     for (int64_t task = begin; task < end; ++task) {
       const int64_t bi = task / threads, k = task % threads;
       const int64_t T0 = N * k / threads, T1 = N * (k + 1) / threads;
-      if (w_in_p.empty() || (!per_head && packed_image != bi)) {
-        w_in_p.assign(1, ConstB(w_in[per_head ? 0 : bi].t(), tb, pack));
-        w_out_p.assign(1, ConstB(w_out[per_head ? 0 : bi].t(), tb, pack));
+      if (!w_in_p || (!per_head && image != bi)) {
+        w_in_p.emplace(w_in[per_head ? 0 : bi].t(), tb, pack);
+        w_out_p.emplace(w_out[per_head ? 0 : bi].t(), tb, pack);
       }
-      if (per_head && packed_image != bi) {
+      if (per_head && image != bi) {
         kt_p.clear(), v_p.clear();
         for (int64_t h = 0; h < heads; ++h) {
           kt_p.emplace_back((*kt_opt)[bi][h], tb, false);  // (d, M)
           v_p.emplace_back((*v_opt)[bi].narrow(1, h * d, d), tb, false);  // (M, d), stride C
         }
       }
-      packed_image = bi;
+      image = bi;
       const float* xb = xn.data_ptr<float>() + bi * N * C;
       float* ob = out.data_ptr<float>() + bi * N * C;
       const float* rb = has_residual ? residual->data_ptr<float>() + bi * N * C : nullptr;
@@ -179,7 +181,7 @@ void p2c_attention_inference(const at::Tensor& xn, const at::Tensor& w_in,
       float* x1p = x1.data_ptr<float>();
       for (int64_t t0 = T0; t0 < T1; t0 += tb) {
         const int64_t n = std::min(tb, T1 - t0);
-        w_in_p[0].mm(xb + t0 * C, n, C, x1p, f1, false);
+        w_in_p->mm(xb + t0 * C, n, C, x1p, f1, false);
         const float* mixed = x1p;
         if (per_head) {
           float* sp = s.data_ptr<float>();
@@ -194,7 +196,7 @@ void p2c_attention_inference(const at::Tensor& xn, const at::Tensor& w_in,
           softmax_segments(x1p, n, f1, heads, M, score_bias);
         }
         float* dst = ob + t0 * C;
-        w_out_p[0].mm(mixed, n, f1, dst, C, in_place);
+        w_out_p->mm(mixed, n, f1, dst, C, in_place);
         paca_mm_gemm::add_rows(dst, n, C, C, b_out, in_place ? nullptr : rb ? rb + t0 * C : nullptr,
                                C);
       }
