@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from paca_mm.models.backbones import PaCaViT
-from paca_mm.models.layers import ConvFFN, cluster_softmax
+from paca_mm.models.layers import ConvFFN, PaCaAttention, cluster_softmax
 
 
 def _ffn(dim=8, seed=0):
@@ -335,3 +335,35 @@ def test_hooked_modules_switch_off_the_banded_ffn_and_fused_clustering():
         torch.testing.assert_close(clu(xc, (6, 5)), ref, rtol=1e-5, atol=1e-5)
     assert seen == ['fc1', 'dw']
     h.remove()
+
+
+@pytest.mark.parametrize('kwargs', [
+    dict(num_clusters=(8, 8, 8, 0)),
+    dict(num_clusters=(4, 4, 4, 4), clustering='mlp', cluster_sharing='block'),
+    dict(num_clusters=(4, 4, 4, 4), clustering='linear'),
+    dict(num_clusters=(4, 4, 4, 4), teacher=dict(depths=(1,) * 4)),
+], ids=['conv', 'mlp-block', 'linear', 'teacher'])
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float16], ids=['fp32', 'fp16'])
+def test_backbone_on_a_non_cpu_device(kwargs, dtype):
+    """Off the CPU (CUDA; the meta device stands in here, CI has no GPU) the backbone runs
+    device-generic torch code only: the CPU fast paths and compiled ops (CPU kernels only,
+    so a call with meta tensors raises) are not reached in inference, training or backward,
+    and the clustering softmax still returns float32 for fp16 weights."""
+    arch = dict(embed_dims=(32, 64, 96, 128), depths=(1, 2, 2, 1), num_heads=(1, 2, 4, 8))
+    model = PaCaViT(arch=arch, **kwargs).to('meta', dtype)
+    x = torch.randn(1, 3, 96, 128, device='meta', dtype=dtype)
+    model.eval()
+    with torch.inference_mode():
+        outs = model(x)
+    assert [tuple(o.shape) for o in outs] == [
+        (1, 32, 24, 32), (1, 64, 12, 16), (1, 96, 6, 8), (1, 128, 3, 4)]
+    assert all(o.device.type == 'meta' and o.dtype == dtype for o in outs)
+    layer = PaCaAttention(32, 2, 4, kwargs.get('clustering', 'conv')).to('meta', dtype).eval()
+    with torch.inference_mode():
+        _, z, _ = layer(torch.randn(1, 24 * 32, 32, device='meta', dtype=dtype), (24, 32))
+    assert z.dtype == torch.float32
+    model.train()
+    outs = model(x)
+    sum(o.float().mean() for o in outs).backward()
+    assert all(p.grad is not None and p.grad.device.type == 'meta'
+               for p in model.parameters() if p.requires_grad)

@@ -8,35 +8,43 @@ from paca_mm.models.layers import PaCaAttention
 SMALL_ARCH = dict(embed_dims=(32, 64, 96, 128), depths=(1, 2, 2, 1), num_heads=(1, 2, 4, 8))
 
 
-def test_cluster_softmax_is_float32_under_bf16_autocast():
+AMP_DTYPES = pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16],
+                                     ids=['bf16', 'fp16'])
+
+
+@AMP_DTYPES
+def test_cluster_softmax_is_float32_under_autocast(dtype):
     layer = PaCaAttention(32, 2, num_clusters=6, clustering='conv')
     x = torch.randn(1, 40 * 40, 32)
-    with torch.autocast('cpu', dtype=torch.bfloat16):
+    with torch.autocast('cpu', dtype=dtype):
         out, z, logits = layer(x, (40, 40))
-    assert logits.dtype == torch.bfloat16  # the conv ran in bf16
+    assert logits.dtype == dtype           # the conv ran in half precision
     assert z.dtype == torch.float32        # but the long softmax did not
     torch.testing.assert_close(z.sum(-1), torch.ones(1, 6))
 
 
-def test_bf16_autocast_close_to_fp32():
+@pytest.mark.parametrize('dtype,tol', [(torch.bfloat16, 0.05), (torch.float16, 0.01)],
+                         ids=['bf16', 'fp16'])
+def test_autocast_close_to_fp32(dtype, tol):
     torch.manual_seed(0)
     model = PaCaViT(arch=SMALL_ARCH, num_clusters=(8, 8, 8, 0)).eval()
     x = torch.randn(1, 3, 128, 160)
     with torch.no_grad():
         ref = model(x)
-        with torch.autocast('cpu', dtype=torch.bfloat16):
+        with torch.autocast('cpu', dtype=dtype):
             amp = model(x)
     for r, a in zip(ref, amp):
         assert torch.isfinite(a).all()
-        # outputs are LayerNorm-ed (unit scale): bf16 has ~3 significant digits
+        # outputs are LayerNorm-ed (unit scale): bf16 has ~3 significant digits, fp16 ~4
         rel = ((a.float() - r).norm() / r.norm()).item()
-        assert rel < 0.05, rel
+        assert rel < tol, rel
 
 
 @pytest.mark.slow
-def test_bf16_at_1024_has_no_nan_or_inf():
+@AMP_DTYPES
+def test_amp_at_1024_has_no_nan_or_inf(dtype):
     model = PaCaViT(arch='tiny').eval()
-    with torch.inference_mode(), torch.autocast('cpu', dtype=torch.bfloat16):
+    with torch.inference_mode(), torch.autocast('cpu', dtype=dtype):
         outs = model(torch.randn(1, 3, 1024, 1024))
     assert all(torch.isfinite(o).all() for o in outs)
 

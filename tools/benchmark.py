@@ -13,6 +13,7 @@ Example::
     python tools/benchmark.py --models paca_small pvt_v2_b2 swin_t --sizes 800x1280 1024
 """
 import argparse
+import contextlib
 import csv
 import json
 import os
@@ -64,12 +65,12 @@ def build(name, device):
 
 def _sync(device):
     if device.startswith('cuda'):
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)
 
 
 def _autocast(device, amp):
     if not amp:
-        return torch.autocast('cpu', enabled=False)
+        return contextlib.nullcontext()
     if device.startswith('cuda'):
         return torch.autocast('cuda', dtype=torch.float16)
     return torch.autocast('cpu', dtype=torch.bfloat16)
@@ -149,12 +150,13 @@ def memory_worker(name, size, device, amp):
     model = build(name, device)
     x = torch.randn(1, 3, *parse_size(size), device=device)
     if device.startswith('cuda'):
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
         with torch.inference_mode(), _autocast(device, amp):
             model(x)
-        torch.cuda.synchronize()
-        return (torch.cuda.max_memory_allocated() - base) / 2**20
+        torch.cuda.synchronize(device)
+        return (torch.cuda.max_memory_allocated(device) - base) / 2**20
     before = _peak_rss_mb()
     with torch.inference_mode(), _autocast(device, amp):
         model(x)
@@ -249,7 +251,7 @@ def to_markdown(rows, args):
              f"{_fmt(r['mem_mb'], r['mem_mb_ratio'])} | "
              f"{_fmt(r['params_m'], r['params_m_ratio'])} | "
              f"{_fmt(r['gmacs'], r['gmacs_ratio'])} |" for r in rows]
-    dev = torch.cuda.get_device_name() if args.device.startswith('cuda') else \
+    dev = torch.cuda.get_device_name(args.device) if args.device.startswith('cuda') else \
         f'CPU, {args.threads} threads'
     malloc = 'freed memory kept in the heap (--malloc-keep)' if args.malloc_keep else \
         'default glibc malloc'
@@ -319,6 +321,11 @@ def main(argv=None):
                 '(torch.cuda.is_available() is False); run on a GPU machine or use --device cpu')
     if device.type not in ('cpu', 'cuda'):
         p.error(f'--device {args.device}: only cpu and cuda are supported')
+    if device.type == 'cuda' and device.index is not None:
+        if device.index >= torch.cuda.device_count():
+            p.error(f'--device {args.device}: this machine has {torch.cuda.device_count()} CUDA '
+                    f'device(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}')
+        torch.cuda.set_device(device)  # allocations without an explicit index go there too
     if args.malloc_keep and any(os.environ.get(k) != v for k, v in MALLOC_KEEP.items()):
         # glibc reads these once at start-up: re-execute this command with them set
         argv = sys.argv[1:] if argv is None else list(argv)
