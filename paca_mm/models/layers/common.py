@@ -121,6 +121,20 @@ def apply_linear(m: nn.Module, x: torch.Tensor,
     return y if residual is None else y + residual
 
 
+def op_inputs(x: torch.Tensor, residual: Optional[torch.Tensor], linears) -> bool:
+    """Whether a compiled CPU op (:mod:`paca_mm.ops`) may take this call's tensors and read
+    the ``linears``' parameters directly: contiguous float32 (B, N, C) tokens in CPU
+    inference, a ``residual`` (if any) of the same shape, dtype and layout, plain float32
+    ``nn.Linear`` modules with biases, and the ops built."""
+    return (x.dtype == torch.float32 and x.dim() == 3 and x.is_contiguous() and cpu_inference(x)
+            and (residual is None or (residual.dtype == torch.float32
+                                      and residual.shape == x.shape
+                                      and residual.is_contiguous()))
+            and all(plain_module(m, nn.Linear) and m.weight.dtype == torch.float32
+                    and m.bias is not None for m in linears)
+            and ops.available())
+
+
 def conv_gelu_fusable(x: torch.Tensor) -> bool:
     """Whether :func:`conv_gelu` may use oneDNN's fused kernel on ``x``: CPU inference
     (no autograd, autocast, compile or tracing) in a torch build that has it."""
@@ -189,41 +203,35 @@ class ConvFFN(nn.Module):
                             and plain_module(self.fc2, nn.Linear)
                             and plain_module(self.dwconv.dwconv, nn.Conv2d)))
 
-    def _band_rows(self, x: torch.Tensor, hw: Tuple[int, int],
-                   residual: Optional[torch.Tensor]) -> int:
+    def _band_rows(self, x: torch.Tensor, hw: Tuple[int, int]) -> int:
         """Rows per band for the banded ATen CPU inference path; 0 = run unbanded."""
-        if not self._fast_inference(x, residual):
-            return 0
         row_bytes = hw[1] * self.fc1.out_features * x.element_size()
         rows = max(1, self.band_bytes // row_bytes)
         return rows if rows < hw[0] else 0
 
-    def _use_op(self, x: torch.Tensor, residual: Optional[torch.Tensor],
-                hw: Tuple[int, int]) -> bool:
-        """Whether the compiled op (:mod:`paca_mm.ops`) computes this call: the banded
-        path's conditions, float32 input and weights, a hidden width that is a multiple of 16,
-        biases, and fc1 + fc2 weights of at most ``op_max_weight_bytes`` or at least
+    def _op_fits(self, x: torch.Tensor, residual: Optional[torch.Tensor],
+                 hw: Tuple[int, int]) -> bool:
+        """Whether the compiled op computes a call that :meth:`_fast_inference` admits:
+        :func:`op_inputs`, a hidden width that is a multiple of 16, a dwconv bias, and fc1 +
+        fc2 weights of at most ``op_max_weight_bytes`` or at least
         ``op_min_tokens_per_thread`` tokens per thread (the op gives each thread a share of
         the ``hw[0]`` rows of every image)."""
         fc1, fc2 = self.fc1, self.fc2
-        weight_bytes = 4 * (fc1.weight.numel() + fc2.weight.numel())
-        if x.dim() != 3:
+        if not (op_inputs(x, residual, (fc1, fc2)) and fc1.out_features % 16 == 0
+                and self.dwconv.dwconv.bias is not None):
             return False
-        if weight_bytes > self.op_max_weight_bytes:
-            threads = max(1, min(torch.get_num_threads(), hw[0]))
-            if x.shape[0] * x.shape[1] < self.op_min_tokens_per_thread * threads:
-                return False
-        return (x.dtype == torch.float32 and fc1.out_features % 16 == 0
-                and fc1.weight.dtype == torch.float32 and fc2.weight.dtype == torch.float32
-                and all(b is not None for b in (fc1.bias, fc2.bias, self.dwconv.dwconv.bias))
-                and self._fast_inference(x, residual) and ops.available())
+        if 4 * (fc1.weight.numel() + fc2.weight.numel()) <= self.op_max_weight_bytes:
+            return True
+        threads = max(1, min(torch.get_num_threads(), hw[0]))
+        return x.shape[0] * x.shape[1] >= self.op_min_tokens_per_thread * threads
 
     def forward(self, x: torch.Tensor, hw: Tuple[int, int],
                 residual: Optional[torch.Tensor] = None,
                 pre_norm: Optional[nn.Module] = None) -> torch.Tensor:
-        if self._use_op(x, residual, hw):
+        fast = self._fast_inference(x, residual)
+        if fast and self._op_fits(x, residual, hw):
             return self.forward_op(x, hw, residual, pre_norm)
-        rows = self._band_rows(x, hw, residual)
+        rows = self._band_rows(x, hw) if fast else 0
         if rows:
             return self.forward_banded(x, hw, rows, residual, pre_norm)
         if pre_norm is not None:

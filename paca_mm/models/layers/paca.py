@@ -13,8 +13,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ... import ops
-from .common import (apply_linear, conv_gelu, conv_gelu_fusable, cpu_inference, linear,
-                     map_to_tokens, plain_module, tokens_to_map)
+from .common import (apply_linear, conv_gelu, conv_gelu_fusable, linear,
+                     map_to_tokens, op_inputs, plain_module, tokens_to_map)
 
 CLUSTERING_TYPES = ('conv', 'mlp', 'linear')
 # Names used by the official configs (``paca_cfg.type``).
@@ -217,17 +217,9 @@ class PaCaAttention(nn.Module):
         return (out if residual is None else out + residual), z, logits
 
     def _use_op(self, x: torch.Tensor, residual: Optional[torch.Tensor]) -> bool:
-        """Whether the compiled op computes this call: eval mode, float32 CPU inference,
-        contiguous (B, N, C) tokens (and residual), plain float32 ``q`` and ``proj`` Linear
-        layers with biases (their parameters are read directly), and the op built."""
-        return (not self.training and x.dtype == torch.float32 and x.dim() == 3
-                and x.is_contiguous() and cpu_inference(x)
-                and (residual is None or (residual.dtype == torch.float32
-                                          and residual.shape == x.shape
-                                          and residual.is_contiguous()))
-                and all(plain_module(m, nn.Linear) and m.weight.dtype == torch.float32
-                        and m.bias is not None for m in (self.q, self.proj))
-                and ops.available())
+        """Whether the compiled op computes this call: eval mode and :func:`op_inputs` (the
+        op reads ``q``'s and ``proj``'s parameters directly)."""
+        return not self.training and op_inputs(x, residual, (self.q, self.proj))
 
     def forward_op(self, x: torch.Tensor, c: torch.Tensor,
                    residual: Optional[torch.Tensor] = None,
