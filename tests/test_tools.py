@@ -390,7 +390,7 @@ def _free_port():
 
 
 def _run_dist(cmd, cwd, env, work):
-    """Run a 2-process torchrun command. KNOWN ISSUE (open, see the tracker): on the loaded
+    """Run a 2-process torchrun command. KNOWN ISSUE (cause not found yet): on the loaded
     2-core machine a gloo rank occasionally dies with SIGABRT ('terminate called without an
     active exception') during DDP backward; that one failure mode is retried once, with a
     fresh port and work dir, and reported. Any other failure, or a second abort, fails."""
