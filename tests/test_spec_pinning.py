@@ -1,0 +1,353 @@
+"""Pins every per-block and per-stage setting the reference spec states
+(``PACA_REFERENCE_SPEC.md`` §2-§3, §5.2), so that a change to any of them fails a test.
+
+What is pinned here, and how:
+* per block: the LayerNorm eps (1e-6: ``norm1_before``, ``norm2_before``, ``cluster_norm``),
+  the stochastic-depth rate (linear from 0 to ``drop_path_rate`` over all blocks, both
+  branches of a block at the same rate, no DropPath where the rate is 0), layer scale, and
+  which blocks own a clustering module for every ``cluster_sharing`` form;
+* per stage: embedding dims, heads, FFN width, clustering kernel, cluster count, the stage
+  norms and the stem / transition convs and norms;
+* the training branch of every block kind (onsite clustering, shared assignment, plain
+  attention, teacher assignment) with drop path and layer scale on, by an identity that
+  holds only if each residual is kept: with every DropPath replaced by a spy that scales by
+  ``s`` and ``layer_scale = 1 / s``, the train-mode output equals the plain model's;
+* the cluster-count adaptation for every clustering kind and the teacher, through
+  ``init_cfg`` (``init_weights``) and through ``tools/convert_official_checkpoint.py``.
+"""
+import os.path as osp
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+
+from paca_mm.checkpoint import cluster_count_keys
+from paca_mm.models.backbones import PaCaViT
+from paca_mm.models.backbones.paca_vit import ARCH_SETTINGS, PRESETS
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+TINY_ARCH = dict(embed_dims=(8, 16, 24, 32), depths=(1, 4, 3, 1), num_heads=(1, 2, 4, 4))
+
+
+def _blocks(model, i):
+    return list(getattr(model, f'stage{i + 1}'))
+
+
+def _drop_paths(module):
+    """The stochastic-depth modules directly inside one block (by class name, so both
+    mmcv's and timm's DropPath count)."""
+    return [m for m in module.modules() if type(m).__name__ == 'DropPath']
+
+
+def _onsite(model, i, j):
+    prefix = f'stage{i + 1}.{j}.attn.clustering.'
+    return any(k.startswith(prefix) for k in model.state_dict())
+
+
+# ------------------------------------------------------------------ per-block settings
+@pytest.mark.parametrize('name', sorted(PRESETS))
+def test_every_layernorm_has_eps_1e6(name):
+    model = PaCaViT(arch=name)
+    norms = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.LayerNorm)]
+    # norm1_before, norm2_before in every block, cluster_norm where M > 0, norm1..4, and the
+    # LayerNorm2d (a LayerNorm over channels) of the stem and the three transitions
+    expected = sum(2 * d for d in model.depths) + 4 + 4 + sum(
+        d for d, m in zip(model.depths, model.num_clusters) if m > 0)
+    assert len(norms) == expected, [n for n, _ in norms]
+    assert {m.eps for _, m in norms} == {1e-6}
+    # the LayerNorm2d of the stem and the transitions (timm style, over channels)
+    for name2 in ['patch_embed.norm'] + [f'transition{i}.norm' for i in (1, 2, 3)]:
+        norm2d = model.get_submodule(name2)
+        assert norm2d.eps == 1e-6, name2
+
+
+@pytest.mark.parametrize('name', ['pacavit_tiny_p2cconv_100_0', 'pacavit_base_p2cconv_100_0',
+                                  'pacavit_convmixer_small_100'])
+def test_drop_path_schedule_is_linear_over_all_blocks(name):
+    model = PaCaViT(arch=name)
+    rate = ARCH_SETTINGS[PRESETS[name]['arch']]['drop_path_rate']
+    assert model.drop_path_rate == rate
+    depths = model.depths
+    expected = torch.linspace(0, rate, sum(depths)).tolist()
+    seen, k = [], 0
+    for i, d in enumerate(depths):
+        for block in _blocks(model, i):
+            probs = {m.drop_prob for m in _drop_paths(block)}
+            if expected[k] == 0:
+                assert probs == set(), f'block {k}: rate 0 must be Identity, got {probs}'
+                seen.append(0.)
+            else:
+                # both residual branches of the block at the same rate
+                assert len(probs) == 1, f'block {k}: {probs}'
+                seen.append(probs.pop())
+            k += 1
+    assert seen == pytest.approx(expected, rel=1e-6, abs=0)
+
+
+def test_drop_path_rate_argument_overrides_the_arch():
+    model = PaCaViT(arch=TINY_ARCH, drop_path_rate=0.3)
+    probs = [max([m.drop_prob for m in _drop_paths(b)] or [0.])
+             for i in range(4) for b in _blocks(model, i)]
+    assert probs == pytest.approx(torch.linspace(0, 0.3, 9).tolist(), rel=1e-6, abs=0)
+
+
+def test_layer_scale_off_by_default_and_initialised_when_on():
+    plain = PaCaViT(arch='tiny')
+    assert not [k for k in plain.state_dict() if 'gamma' in k]
+    scaled = PaCaViT(arch=TINY_ARCH, layer_scale=1e-5)
+    gammas = {k: v for k, v in scaled.state_dict().items() if 'gamma' in k}
+    assert len(gammas) == 2 * sum(TINY_ARCH['depths'])
+    for k, v in gammas.items():
+        i = int(k.split('.')[0][len('stage'):]) - 1
+        assert v.shape == (TINY_ARCH['embed_dims'][i],) and torch.all(v == 1e-5), k
+
+
+def _expected_onsite(every, depth):
+    if every == 0:
+        return [j == 0 for j in range(depth)]
+    return [j % every == 0 for j in range(depth)]
+
+
+@pytest.mark.parametrize('sharing, every', [
+    ('stage', [0] * 4), (0, [0] * 4), ('block', [1] * 4), (1, [1] * 4), (2, [2] * 4),
+    (3, [3] * 4), (['stage', 'block', 2, 3], [0, 1, 2, 3]), ([1, 0, 3, 'stage'], [1, 0, 3, 0])])
+def test_which_blocks_own_clustering(sharing, every):
+    arch = dict(embed_dims=(8, 16, 24, 32), depths=(4, 5, 6, 3), num_heads=(1, 2, 4, 4))
+    model = PaCaViT(arch=arch, num_clusters=(3, 3, 3, 3), cluster_sharing=sharing)
+    for i, d in enumerate(arch['depths']):
+        got = [_onsite(model, i, j) for j in range(d)]
+        assert got == _expected_onsite(every[i], d), (i, got)
+        # cluster_norm in every block of a clustered stage, onsite or not
+        for j in range(d):
+            assert f'stage{i + 1}.{j}.attn.cluster_norm.weight' in model.state_dict()
+
+
+def test_shared_blocks_reuse_the_last_onsite_assignment():
+    """With k = 2, block 1 reuses block 0's assignment and block 3 block 2's: the
+    recorded logits of the onsite blocks are what the next block's z is made of."""
+    arch = dict(embed_dims=(8, 16, 24, 32), depths=(4, 1, 1, 1), num_heads=(1, 2, 4, 4))
+    model = PaCaViT(arch=arch, num_clusters=(3, 3, 3, 3), cluster_sharing=2).eval()
+    seen = []
+    blocks = _blocks(model, 0)
+    hooks = [b.attn.register_forward_hook(lambda m, a, o, j=j: seen.append((j, o)))
+             for j, b in enumerate(blocks)]
+    with torch.no_grad():
+        model(torch.randn(1, 3, 32, 32))
+    for h in hooks:
+        h.remove()
+    zs = {}
+    for j, out in seen:
+        z = [t for t in out if torch.is_tensor(t) and t.dim() == 3 and t.shape[1] == 3]
+        assert z, f'block {j} returned no (B, M, N) assignment'
+        zs[j] = z[0]
+    assert torch.equal(zs[0], zs[1]) and torch.equal(zs[2], zs[3])
+    assert not torch.allclose(zs[0], zs[2])
+
+
+def test_teacher_blocks_own_no_clustering():
+    model = PaCaViT(arch='pacavit_convmixer_tiny_100')
+    for i, d in enumerate(model.depths):
+        assert not any(_onsite(model, i, j) for j in range(d))
+        assert f'paca_teacher.to_clusters{i + 1}.weight' in model.state_dict()
+
+
+def test_plain_attention_stage_has_no_cluster_layers():
+    model = PaCaViT(arch='small')  # 100, 100, 100, 0
+    keys = [k for k in model.state_dict() if k.startswith('stage4.')]
+    assert keys and not [k for k in keys if 'cluster' in k]
+
+
+# ------------------------------------------------------------------ per-stage settings
+@pytest.mark.parametrize('name', sorted(PRESETS))
+def test_per_stage_shapes(name):
+    model = PaCaViT(arch=name)
+    setting = ARCH_SETTINGS[PRESETS[name]['arch']]
+    sd = model.state_dict()
+    assert model.embed_dims == list(setting['embed_dims'])
+    assert model.depths == list(setting['depths'])
+    assert model.num_clusters == list(PRESETS[name]['num_clusters'])
+    stem = sd['patch_embed.proj.0.weight'], sd['patch_embed.proj.1.weight']
+    c1 = setting['embed_dims'][0]
+    assert stem[0].shape == (c1 // 2, 3, 3, 3) and stem[1].shape == (c1, c1 // 2, 3, 3)
+    for conv in (model.patch_embed.proj[0], model.patch_embed.proj[1]):
+        assert conv.stride == (2, 2) and conv.padding == (1, 1) and conv.bias is not None
+    for i, (c, heads, m) in enumerate(zip(setting['embed_dims'], setting['num_heads'],
+                                          model.num_clusters)):
+        assert heads == (2, 4, 8, 16)[i]
+        for j, block in enumerate(_blocks(model, i)):
+            p = f'stage{i + 1}.{j}.'
+            assert block.attn.num_heads == heads
+            for name2 in ('q', 'k', 'v', 'proj'):
+                assert sd[p + f'attn.{name2}.weight'].shape == (c, c)
+                assert sd[p + f'attn.{name2}.bias'].shape == (c,)
+            assert sd[p + 'mlp.fc1.weight'].shape == (4 * c, c)
+            assert sd[p + 'mlp.dwconv.dwconv.weight'].shape == (4 * c, 1, 3, 3)
+            assert sd[p + 'mlp.fc2.weight'].shape == (c, 4 * c)
+            if _onsite(model, i, j):
+                kind = PRESETS[name]['clustering']
+                if kind == 'conv':
+                    assert sd[p + 'attn.clustering.clustering.0.weight'].shape == (c, 1, 7, 7)
+                    assert sd[p + 'attn.clustering.clustering.2.weight'].shape == (c, c, 1, 1)
+                    assert sd[p + 'attn.clustering.clustering.4.weight'].shape == (m, c, 1, 1)
+                    assert p + 'attn.clustering.clustering.4.bias' not in sd
+                else:
+                    assert sd[p + 'attn.clustering.clustering.0.weight'].shape == (4 * c, c)
+                    assert sd[p + 'attn.clustering.clustering.2.weight'].shape == (m, 4 * c)
+                    assert sd[p + 'attn.clustering.clustering.2.bias'].shape == (m,)
+        norm = getattr(model, f'norm{i + 1}')
+        assert norm.normalized_shape == (c,) and norm.eps == 1e-6
+        if i < 3:
+            t = getattr(model, f'transition{i + 1}')
+            assert t.proj.weight.shape == (setting['embed_dims'][i + 1], c, 3, 3)
+            assert t.proj.stride == (2, 2) and t.proj.padding == (1, 1)
+            assert t.proj.bias is not None
+
+
+# ------------------------------------------------------------------ training branches
+class _ScaleSpy(nn.Module):
+    """Stands in for DropPath: multiplies by ``scale`` and counts its calls."""
+
+    def __init__(self, scale, calls):
+        super().__init__()
+        self.scale, self.calls = scale, calls
+
+    def forward(self, x):
+        self.calls.append(x.shape)
+        return x * self.scale
+
+
+def _replace_drop_paths(model, scale, calls):
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if type(child).__name__ == 'DropPath':
+                setattr(module, child_name, _ScaleSpy(scale, calls))
+
+
+@pytest.mark.parametrize('kwargs', [
+    dict(num_clusters=(3, 3, 3, 0), cluster_sharing='stage'),           # onsite, shared, M=0
+    dict(num_clusters=(3, 0, 3, 3), cluster_sharing='block', clustering='mlp'),
+    dict(num_clusters=(3, 3, 3, 3), cluster_sharing=2, clustering='linear'),
+    dict(num_clusters=(3, 3, 3, 3), teacher=dict(depths=(1, 1, 1, 1))),  # teacher's z
+])
+def test_training_branches_keep_every_residual(kwargs):
+    """x + dp(g * a) and x + dp(g * f) with dp = ·s and g = 1/s is the plain block. A block
+    whose residual is dropped (or whose scale lands on the residual) breaks the equality."""
+    torch.manual_seed(0)
+    scale = 4.0
+    plain = PaCaViT(arch=TINY_ARCH, **kwargs)
+    scaled = PaCaViT(arch=TINY_ARCH, drop_path_rate=0.5, layer_scale=1 / scale, **kwargs)
+    sd = {k: v for k, v in scaled.state_dict().items() if 'gamma' in k}
+    sd.update(plain.state_dict())
+    scaled.load_state_dict(sd)
+    first = scaled.get_submodule('stage1.0')  # rate 0: no DropPath, so no 1/s to undo
+    assert not _drop_paths(first)
+    first.gamma1.data.fill_(1.)
+    first.gamma2.data.fill_(1.)
+    calls = []
+    _replace_drop_paths(scaled, scale, calls)
+    plain.train()
+    scaled.train()
+    x = torch.randn(2, 3, 40, 56)
+    ref = plain(x)
+    out = scaled(x)
+    # the first block has rate 0 (Identity): every other block's two branches went through
+    assert len(calls) == 2 * (sum(TINY_ARCH['depths']) - 1)
+    for r, o in zip(ref, out):
+        torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-6)
+    # and the branches really are scaled: with another scale the outputs differ
+    scaled.get_submodule('stage2.0').gamma1.data.mul_(2)
+    assert not torch.allclose(scaled(x)[1], ref[1], rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------------------ cluster-count adaptation
+ADAPT_CASES = {
+    'conv': dict(clustering='conv'),
+    'mlp': dict(clustering='mlp'),
+    'linear': dict(clustering='linear'),
+    'blockwise': dict(clustering='conv', cluster_sharing='block'),
+    'teacher': dict(teacher=dict(depths=(1, 1, 1, 1))),
+}
+
+
+def _cluster_keys_expected(model, kind):
+    """The tensors that depend on M, written out from the spec (§2.5, §2.11, §5.2)."""
+    keys = set()
+    last = {'conv': ['4.weight'], 'mlp': ['2.weight', '2.bias'], 'linear': ['0.weight'],
+            'blockwise': ['4.weight']}
+    for i, d in enumerate(model.depths):
+        if kind == 'teacher':
+            keys |= {f'paca_teacher.to_clusters{i + 1}.weight',
+                     f'paca_teacher.to_clusters{i + 1}.bias'}
+            continue
+        for j in range(d):
+            if _onsite(model, i, j):
+                keys |= {f'stage{i + 1}.{j}.attn.clustering.clustering.{s}' for s in last[kind]}
+    return keys
+
+
+def _save(path, sd):
+    torch.save({'state_dict': sd, 'meta': {'epoch': 1}}, str(path))
+
+
+@pytest.mark.parametrize('kind', sorted(ADAPT_CASES))
+def test_cluster_count_change_through_init_cfg(tmp_path, kind):
+    torch.manual_seed(0)
+    src = PaCaViT(arch=TINY_ARCH, num_clusters=(4, 4, 4, 4), **ADAPT_CASES[kind])
+    ckpt = tmp_path / 'src.pth'
+    _save(ckpt, src.state_dict())
+    dst = PaCaViT(arch=TINY_ARCH, num_clusters=(8, 8, 8, 8), **ADAPT_CASES[kind],
+                  init_cfg=dict(type='Pretrained', checkpoint=str(ckpt)))
+    expected = _cluster_keys_expected(dst, kind)
+    assert cluster_count_keys(dst.state_dict()) == expected
+    before = {k: v.clone() for k, v in dst.state_dict().items()}
+    dst.init_weights()
+    after = dst.state_dict()
+    src_sd = src.state_dict()
+    for k, v in after.items():
+        if k in expected:
+            assert v.shape[0] == 8 and src_sd[k].shape[0] == 4, k
+        else:
+            assert torch.equal(v, src_sd[k]), f'{k} was not loaded from the checkpoint'
+    # the re-initialised weights got a fresh random init, not the checkpoint's or zeros
+    for k in expected:
+        if k.endswith('weight'):
+            assert after[k].abs().sum() > 0 and not torch.equal(after[k][:4], src_sd[k]), k
+    assert before.keys() == after.keys()
+
+
+CONVERTER_PRESETS = {'conv': 'pacavit_tiny_p2cconv_100_0', 'mlp': 'pacavit_small_p2cmlp_100_0',
+                     'blockwise': 'pacavit_small_p2cconv_100_blockwise',
+                     'teacher': 'pacavit_convmixer_tiny_100'}
+
+
+@pytest.mark.parametrize('kind', sorted(CONVERTER_PRESETS))
+def test_cluster_count_change_through_the_converter(tmp_path, kind):
+    """An official-layout file (a plain state_dict) with 4 clusters per stage converted for
+    the released preset with 8: only the M-dependent tensors change. (No release uses
+    linear clustering, so the converter's presets have none; init_cfg covers it above.)"""
+    torch.manual_seed(0)
+    preset = CONVERTER_PRESETS[kind]
+    stages = [m > 0 for m in PRESETS[preset]['num_clusters']]
+    src = PaCaViT(arch=preset, num_clusters=[4 if s else 0 for s in stages])
+    official = tmp_path / 'official.pth'
+    torch.save(src.state_dict(), str(official))
+    target = [8 if s else 0 for s in stages]
+    out = tmp_path / 'converted.pth'
+    proc = subprocess.run(
+        [sys.executable, osp.join(ROOT, 'tools', 'convert_official_checkpoint.py'),
+         str(official), str(out), '--arch', preset, '--num-clusters', *map(str, target)],
+        capture_output=True, text=True, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    converted = torch.load(str(out), map_location='cpu', weights_only=True)['state_dict']
+    dst = PaCaViT(arch=preset, num_clusters=target)
+    dst.load_state_dict(converted, strict=True)
+    expected = _cluster_keys_expected(dst, kind)
+    assert expected and cluster_count_keys(converted) == expected
+    src_sd = src.state_dict()
+    for k, v in converted.items():
+        if k in expected:
+            assert v.shape[0] == 8 and src_sd[k].shape[0] == 4, k
+        else:
+            assert torch.equal(v, src_sd[k]), k
