@@ -1,4 +1,6 @@
-"""Every segmentation config loads, builds and runs; ADE20k recipes match spec 7.3/7.4/8.3."""
+"""Every segmentation config loads, builds and runs; ADE20k recipes match spec 7.3/7.4/8.3,
+fp16 AMP included (as the official runs were launched), and their optimizer wrappers build the
+way the Runner builds them after our tools' CPU adaptation."""
 import copy
 import glob
 import os.path as osp
@@ -7,11 +9,12 @@ import pytest
 import torch
 from mmengine.config import Config
 from mmengine.model import revert_sync_batchnorm
-from mmengine.optim import build_optim_wrapper
+from mmengine.optim import AmpOptimWrapper, build_optim_wrapper
 from mmengine.registry import init_default_scope
 from mmseg.registry import MODELS
 
 import paca_mm  # noqa: F401
+from paca_mm.utils import CPUAmpOptimWrapper, adapt_cfg_to_device
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 PACA_HEAD = sorted(glob.glob(osp.join(REPO, 'configs', 'paca_head', '*.py')))
@@ -22,6 +25,9 @@ ADE = PACA_HEAD + UPERNET
 # Exact parameter counts (backbone with ADE20k clusters + heads), spec 3.4 / 6.2 / 7.4 / 8.3.
 PARAMS = {
     'pacahead_pacavit_tiny_p2cconv_100_0': 13_326_764,
+    # official repository only (not in the paper): convmixer tiny backbone with [200]*4
+    # clusters = 12,483,672 - 385,000 (ImageNet head) + 99,600 (to_clusters 100 -> 200)
+    'pacahead_pacavit_convmixer_tiny_100': 12_198_272 + 1_450_284,
     'pacahead_pacavit_small_p2cconv_100_0': 21_713_504 + 1_450_284,
     'pacahead_pacavit_base_p2cconv_100_0': 46_465_504 + 1_499_436,
     'pacahead_pacavit_small_p2cmlp_100_0': 22_495_768 + 1_450_284,
@@ -39,7 +45,7 @@ PARAMS = {
 }
 # ADE20k cluster override (spec 7.3): [200]*4 for these, [200, 200, 200, 0] for the others
 CLUSTERS_200X4 = {
-    'pacahead_pacavit_convmixer_small_100', 'pacahead_pacavit_convmixer_base_100',
+    'pacahead_pacavit_convmixer_tiny_100', 'pacahead_pacavit_convmixer_small_100', 'pacahead_pacavit_convmixer_base_100',
     'pacahead_pacavit_small_p2cconv_49_100', 'pacahead_pacavit_small_p2cconv_100_49',
     'pacahead_pacavit_small_p2cconv_100', 'pacahead_pacavit_small_p2cconv_100_blockwise'}
 # drop path (spec 7.3: 0.5 for base conv and base teacher with the PaCa head; 7.4: 0.1 all)
@@ -99,6 +105,9 @@ def check_ade_recipe(cfg, name):
     assert cfg.train_dataloader.dataset.type == 'ADE20KDataset'
     assert cfg.crop_size == (512, 512) and cfg.model.data_preprocessor.size == (512, 512)
     assert cfg.train_cfg.max_iters == 160_000 and cfg.train_cfg.val_interval == 16_000
+    # fp16 AMP with a dynamic loss scale, as the official runs (train_mmseg.sh --amp)
+    assert cfg.optim_wrapper.type == 'AmpOptimWrapper'
+    assert cfg.optim_wrapper.loss_scale == 'dynamic' and cfg.optim_wrapper.get('dtype') is None
     opt = cfg.optim_wrapper.optimizer
     assert (opt.type, opt.lr, opt.weight_decay, tuple(opt.betas)) == \
         ('AdamW', 6e-5, 0.01, (0.9, 0.999))
@@ -109,8 +118,16 @@ def check_ade_recipe(cfg, name):
 
 
 def check_optimizer_groups(cfg, model, name):
-    """lr/decay per parameter, as mmengine's constructor resolves the custom keys."""
-    wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
+    """lr/decay per parameter, as mmengine's constructor resolves the custom keys, in the
+    optimizer wrapper the Runner builds on this CPU machine after tools/train.py's adaptation
+    (AmpOptimWrapper asserts CUDA; the tools turn it into bf16 autocast)."""
+    cpu_cfg = copy.deepcopy(cfg)
+    notes = adapt_cfg_to_device(cpu_cfg, cuda=False)
+    assert any('CPUAmpOptimWrapper' in n for n in notes), notes
+    wrapper = build_optim_wrapper(model, cpu_cfg.optim_wrapper)
+    assert type(wrapper) is CPUAmpOptimWrapper and wrapper.cast_dtype == torch.bfloat16
+    with wrapper.optim_context(model):  # the forward runs under bf16 autocast
+        assert torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype == torch.bfloat16
     setting = {}
     by_id = {id(p): n for n, p in model.named_parameters()}
     for group in wrapper.optimizer.param_groups:
@@ -158,3 +175,28 @@ def test_demo_config_is_cpu_friendly():
     assert cfg.model.decode_head.num_classes == len(cfg.classes) == 4
     assert cfg.env_cfg.dist_cfg.backend == 'gloo'
     assert cfg.train_dataloader.dataset.reduce_zero_label is False
+    assert cfg.optim_wrapper.type == 'OptimWrapper'  # the CPU demo stays fp32
+
+
+@pytest.mark.parametrize('name', ['paca_head/pacahead_pacavit_tiny_p2cconv_100_0',
+                                  'upernet/upernet_pacavit_tiny_p2cconv_100_0'])
+def test_unadapted_config_builds_fp16_amp_wrapper(name, monkeypatch):
+    """Without our tools' adaptation the config gives mmengine's AmpOptimWrapper: on this
+    machine it refuses to build (no CUDA); reported CUDA present, it is the fp16 wrapper
+    with a dynamic GradScaler and the same parameter groups as the CPU one."""
+    import mmengine.optim.optimizer.amp_optimizer_wrapper as amp_module
+    from torch.cuda.amp import GradScaler
+    cfg = Config.fromfile(osp.join(REPO, 'configs', f'{name}_512x512_160k_ade20k.py'))
+    model = build(cfg)
+    if not torch.cuda.is_available():
+        with pytest.raises(AssertionError, match='only available training on gpu'):
+            build_optim_wrapper(model, copy.deepcopy(cfg.optim_wrapper))
+    with monkeypatch.context() as m:
+        m.setattr(amp_module, 'is_cuda_available', lambda: True)
+        gpu = build_optim_wrapper(model, copy.deepcopy(cfg.optim_wrapper))
+    assert type(gpu) is AmpOptimWrapper and gpu.cast_dtype is None  # float16 autocast
+    assert isinstance(gpu.loss_scaler, GradScaler) and gpu._scale_update_param is None
+    adapt_cfg_to_device(cfg, cuda=False)
+    cpu = build_optim_wrapper(model, cfg.optim_wrapper)
+    assert [(g['lr'], g['weight_decay'], len(g['params'])) for g in gpu.optimizer.param_groups] \
+        == [(g['lr'], g['weight_decay'], len(g['params'])) for g in cpu.optimizer.param_groups]

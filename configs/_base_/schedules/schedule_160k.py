@@ -1,9 +1,13 @@
 # 160k iterations, AdamW (lr 6e-5, wd 0.01, no decay on norms), linear warm-up for 1500
 # iterations, then poly decay (power 1) to 0 (paper B.3, spec 7.3/7.4).
-# The official runs use 8 GPUs x 2 images and AMP (tools/train.py --amp).
+# The official runs use 8 GPUs x 2 images and fp16 AMP with a dynamic loss scale
+# (train_mmseg.sh passes --amp), so AMP is the default here. On a machine without CUDA,
+# tools/train.py and tools/test.py turn it into bf16 autocast (CPUAmpOptimWrapper);
+# mmengine's AmpOptimWrapper itself requires a GPU.
 optimizer = dict(type='AdamW', lr=6e-5, betas=(0.9, 0.999), weight_decay=0.01)
 optim_wrapper = dict(
-    type='OptimWrapper',
+    type='AmpOptimWrapper',
+    loss_scale='dynamic',
     optimizer=optimizer,
     clip_grad=None,
     # 'norm' matches the backbone LayerNorms (norm1/norm2/cluster_norm/norm{i});

@@ -9,8 +9,12 @@ param_scheduler = [
     dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=500),
     dict(type='MultiStepLR', begin=0, end=12, by_epoch=True, milestones=[8, 11], gamma=0.1),
 ]
+# fp16 AMP with a dynamic loss scale, as the official runs were launched (train_mmdet.sh
+# passes --amp). On a machine without CUDA, tools/train.py and tools/test.py turn it into
+# bf16 autocast (CPUAmpOptimWrapper); mmengine's AmpOptimWrapper itself requires a GPU.
 optim_wrapper = dict(
-    type='OptimWrapper',  # tools/train.py --amp switches to AmpOptimWrapper (dynamic scale)
+    type='AmpOptimWrapper',
+    loss_scale='dynamic',
     optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.05),
     paramwise_cfg=dict(custom_keys={'norm': dict(decay_mult=0.)}))
 # tools/train.py --auto-scale-lr rescales lr by (total batch size / 16)
