@@ -1,18 +1,21 @@
 """Resume after a real interruption gives the same weights as an uninterrupted run.
 
-The segmentation demo (configs/demo/pacahead_tiny_synthetic_seg.py: PaCa-Tiny + PaCa head,
-random flips/crops/resizes, dropout 0.1) trains on a small synthetic set for 4 iterations
-with a checkpoint every 2, in deterministic mode with seed 0:
+For each CPU demo, the segmentation one (configs/demo/pacahead_tiny_synthetic_seg.py:
+PaCa-Tiny + PaCa head, random flips/crops/resizes, dropout 0.1) and the detection one
+(configs/demo/mask_rcnn_tiny_synthetic_coco.py: PaCa-Tiny Mask R-CNN, random flips and
+multi-scale resizes, a data-loader worker process, RPN/RoI sampling), training runs on a
+small synthetic set for 4 iterations with a checkpoint every 2, in deterministic mode with
+seed 0:
 
 * run A trains 4 iterations uninterrupted;
 * run B is the same training plus a test-only hook that pauses right after the checkpoint
-  of iteration 2 (tests/data/tools_demo_seg_pause.py); the test SIGKILLs the process there;
+  of iteration 2 (tests/data/tools_demo_{seg,det}_pause.py); the test SIGKILLs it there;
 * run C is ``tools/train.py --resume`` in B's work dir with the demo config; it resumes
   from the latest checkpoint (iteration 2) and finishes iterations 3-4.
 
-The final weights of A and C must be bitwise equal (CPU, one thread). The data
-augmentation is reproduced by mmengine's replay of the skipped iterations; the dropout
-stream by the RNGStateHook that tools/train.py adds.
+The final weights and optimizer state of A and C must be bitwise equal (CPU, one thread).
+The data augmentation is reproduced by mmengine's replay of the skipped iterations; the
+dropout and proposal-sampling streams by the RNGStateHook that tools/train.py adds.
 """
 import os
 import os.path as osp
@@ -26,8 +29,12 @@ import torch
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DATA = osp.join(ROOT, 'tests', 'data')
-CONFIG = osp.join(ROOT, 'configs', 'demo', 'pacahead_tiny_synthetic_seg.py')
-PAUSE_CONFIG = osp.join(DATA, 'tools_demo_seg_pause.py')
+DEMOS = {
+    'seg': (osp.join(ROOT, 'configs', 'demo', 'pacahead_tiny_synthetic_seg.py'),
+            osp.join(DATA, 'tools_demo_seg_pause.py')),
+    'det': (osp.join(ROOT, 'configs', 'demo', 'mask_rcnn_tiny_synthetic_coco.py'),
+            osp.join(DATA, 'tools_demo_det_pause.py')),
+}
 MAX_ITERS, CKPT_EVERY = 4, 2
 
 
@@ -64,11 +71,19 @@ def _checkpoint(path):
     return torch.load(path, map_location='cpu')
 
 
+def _make_data(task, root):
+    if task == 'seg':
+        from paca_mm.datasets.synthetic_seg import generate_synthetic_seg
+        return generate_synthetic_seg(root, num_train=8, num_val=1, size=(128, 128), seed=0)
+    from paca_mm.datasets.synthetic_coco import generate_synthetic_coco
+    return generate_synthetic_coco(root, num_train=8, num_val=1, seed=0)['data_root']
+
+
 @pytest.mark.slow
-def test_resume_after_kill_matches_uninterrupted_run(tmp_path):
-    from paca_mm.datasets.synthetic_seg import generate_synthetic_seg
-    data_root = generate_synthetic_seg(str(tmp_path / 'data'), num_train=8, num_val=1,
-                                       size=(128, 128), seed=0)
+@pytest.mark.parametrize('task', sorted(DEMOS))
+def test_resume_after_kill_matches_uninterrupted_run(tmp_path, task):
+    CONFIG, PAUSE_CONFIG = DEMOS[task]
+    data_root = _make_data(task, str(tmp_path / 'data'))
     run_a, run_b = tmp_path / 'a', tmp_path / 'b'
 
     # A: uninterrupted
