@@ -1,5 +1,7 @@
-"""Detection configs: every Mask R-CNN config loads, follows the recipe of spec 7.2, and its
-detector builds and runs (tensor mode; loss mode for two of them) on a tiny CPU input."""
+"""Detection configs: every Mask R-CNN config loads, follows the recipe of spec 7.2 (fp16 AMP
+as the official runs were launched), its optimizer wrapper builds the way the Runner builds it
+after our tools' CPU adaptation, and its detector builds and runs (tensor mode; loss mode for
+three of them) on a tiny CPU input."""
 import copy
 import glob
 import os.path as osp
@@ -7,9 +9,11 @@ import os.path as osp
 import pytest
 import torch
 from mmengine.config import Config
+from mmengine.optim import AmpOptimWrapper, build_optim_wrapper
 
 import paca_mm  # noqa: F401
 from paca_mm.models.backbones.paca_vit import PRESETS, resolve_preset
+from paca_mm.utils import CPUAmpOptimWrapper, adapt_cfg_to_device, apply_train_args
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DET_CONFIGS = sorted(glob.glob(osp.join(ROOT, 'configs', 'mask_rcnn', '*.py')))
@@ -21,6 +25,8 @@ EXPECTED = {
     'pacavit_small_p2cconv_2_0', 'pacavit_small_p2cconv_49_0', 'pacavit_small_p2cconv_49_100',
     'pacavit_small_p2cconv_100_49', 'pacavit_small_p2cconv_100',
     'pacavit_small_p2cconv_100_blockwise'}
+# in the official repository but not in the paper (no released weights)
+OFFICIAL_ONLY = {'pacavit_convmixer_tiny_100'}
 
 
 def _name(path):
@@ -45,7 +51,7 @@ def _build(cfg, init=False):
 
 
 def test_every_table_model_has_a_config():
-    assert {_name(p) for p in DET_CONFIGS} == EXPECTED
+    assert {_name(p) for p in DET_CONFIGS} == EXPECTED | OFFICIAL_ONLY
 
 
 @pytest.mark.parametrize('path', DET_CONFIGS, ids=_name)
@@ -65,6 +71,9 @@ def test_recipe(path):
     assert cfg.model.roi_head.bbox_head.num_classes == 80
     # schedule: AdamW 1e-4 / 0.05, no decay on norms, 12 epochs, steps at 8 and 11
     opt = cfg.optim_wrapper
+    # fp16 AMP with a dynamic loss scale, as the official runs (train_mmdet.sh --amp)
+    assert opt.type == 'AmpOptimWrapper' and opt.loss_scale == 'dynamic'
+    assert opt.get('dtype') is None  # AmpOptimWrapper's default: float16 autocast
     assert opt.optimizer == dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.05)
     assert opt.paramwise_cfg.custom_keys == {'norm': dict(decay_mult=0.)}
     assert cfg.train_cfg.max_epochs == 12
@@ -94,7 +103,7 @@ def _demo_inputs(model, size=64, num_items=2, num_classes=80):
 
 
 @pytest.mark.parametrize('path', DET_CONFIGS, ids=_name)
-def test_build_and_forward(path):
+def test_build_and_forward(path, monkeypatch):
     cfg = Config.fromfile(path)
     model = _build(cfg)
     dims = resolve_preset(_name(path))['embed_dims']
@@ -112,9 +121,50 @@ def test_build_and_forward(path):
     assert bbox_pred.shape == (num_rois, 320)
     assert mask_pred.shape == (min(num_rois, 100), 80, 28, 28)
     assert all(torch.isfinite(t).all() for t in (cls_score, bbox_pred, mask_pred))
+    check_optim_wrappers(cfg, model, monkeypatch)
 
 
-@pytest.mark.parametrize('name', ['pacavit_tiny_p2cconv_100_0', 'pacavit_convmixer_small_100'])
+def check_optim_wrappers(cfg, model, monkeypatch):
+    """Build cfg.optim_wrapper as the Runner does (mmengine.optim.build_optim_wrapper)."""
+    # unadapted, mmengine's own AmpOptimWrapper: it asserts CUDA, so on this machine the
+    # config only builds with CUDA reported present (its GradScaler then disables itself)
+    import mmengine.optim.optimizer.amp_optimizer_wrapper as amp_module
+    from torch.cuda.amp import GradScaler
+    if not torch.cuda.is_available():
+        with pytest.raises(AssertionError, match='only available training on gpu'):
+            build_optim_wrapper(model, copy.deepcopy(cfg.optim_wrapper))
+    with monkeypatch.context() as m:
+        m.setattr(amp_module, 'is_cuda_available', lambda: True)
+        gpu = build_optim_wrapper(model, copy.deepcopy(cfg.optim_wrapper))
+    assert type(gpu) is AmpOptimWrapper
+    assert isinstance(gpu.loss_scaler, GradScaler) and gpu._scale_update_param is None
+    assert gpu.cast_dtype is None  # float16 autocast on the GPU
+    # what tools/train.py builds on a machine without CUDA
+    cpu_cfg = copy.deepcopy(cfg)
+    notes = adapt_cfg_to_device(cpu_cfg, cuda=False)
+    assert any('CPUAmpOptimWrapper' in n for n in notes), notes
+    cpu = build_optim_wrapper(model, cpu_cfg.optim_wrapper)
+    assert type(cpu) is CPUAmpOptimWrapper and cpu.cast_dtype == torch.bfloat16
+    assert gpu.optimizer.defaults == cpu.optimizer.defaults
+    assert [(g['lr'], g['weight_decay']) for g in gpu.optimizer.param_groups] == \
+        [(g['lr'], g['weight_decay']) for g in cpu.optimizer.param_groups]
+    with cpu.optim_context(model):  # the forward runs under bf16 autocast
+        assert torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype == torch.bfloat16
+
+
+def test_amp_flag_still_accepted():
+    """tools/train.py --amp on a config that already trains with AMP: accepted, unchanged."""
+    path = osp.join(ROOT, 'configs', 'mask_rcnn',
+                    'mask_rcnn_pacavit_tiny_p2cconv_100_0_mstrain_480_800_1x_coco.py')
+    cfg = Config.fromfile(path)
+    before = copy.deepcopy(cfg.optim_wrapper)
+    notes = apply_train_args(cfg, amp=True)
+    assert notes == ['AMP training is already enabled in the config.']
+    assert cfg.optim_wrapper == before
+
+
+@pytest.mark.parametrize('name', ['pacavit_tiny_p2cconv_100_0', 'pacavit_convmixer_small_100',
+                                  'pacavit_convmixer_tiny_100'])
 def test_loss_and_backward(name):
     path = osp.join(ROOT, 'configs', 'mask_rcnn', f'mask_rcnn_{name}_mstrain_480_800_1x_coco.py')
     model = _build(Config.fromfile(path), init=True)
@@ -136,6 +186,7 @@ def test_demo_config():
     assert tuple(cfg.classes) == CLASSES
     assert cfg.model.backbone.arch == 'pacavit_tiny_p2cconv_100_0'
     assert 'init_cfg' not in cfg.model.backbone  # trained from scratch
+    assert cfg.optim_wrapper.type == 'OptimWrapper'  # the CPU demo stays fp32
     assert cfg.model.roi_head.bbox_head.num_classes == len(CLASSES)
     assert cfg.model.roi_head.mask_head.num_classes == len(CLASSES)
     assert cfg.test_evaluator.metric == ['bbox', 'segm']
