@@ -1,17 +1,26 @@
 # Quick start: `make demo` (train + evaluate the CPU demos) and `make test` (test suite).
-# Both first create/complete the virtual environment at .venv (tools/setup_env.sh); a
-# finished environment is recognised by its stamp and never rebuilt.
+# Both first create/complete the virtual environment at .venv (tools/setup_env.sh, today's
+# stack); `make test-compat` does the same with the classic GPU stack (torch 2.1.2, Python 3.8)
+# in .venv-compat. A finished environment is recognised by its stamp and never rebuilt.
 VENV ?= .venv
+VENV_COMPAT ?= .venv-compat
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+GPU_CHECK_ARGS ?=
 
-.PHONY: env test demo smoke-demo clean-demo
+.PHONY: env env-compat test test-compat demo smoke-demo clean-demo gpu-check gpu-check-wheels
 
 env:
-	@bash tools/setup_env.sh
+	@STACK=main VENV=$(VENV) bash tools/setup_env.sh
+
+env-compat:
+	@STACK=compat VENV=$(VENV_COMPAT) bash tools/setup_env.sh
 
 test: env
 	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+test-compat: env-compat
+	$(VENV_COMPAT)/bin/python -m pytest tests $(PYTEST_ARGS)
 
 demo: env
 	$(PY) tools/run_demo.py
@@ -21,3 +30,12 @@ smoke-demo: env
 
 clean-demo:
 	rm -rf work_dirs/demo
+
+# The GPU check (tools/gpu_check.sh): `make gpu-check GPU_CHECK_ARGS="--device cpu"` is its
+# dry run here; on the GPU machine run tools/gpu_check.sh itself with the carried wheels.
+gpu-check: env
+	PYTHON=$(PY) bash tools/gpu_check.sh $(GPU_CHECK_ARGS)
+
+# The folder of wheels the GPU machine (Python 3.12, no network) needs: gpu_wheels/
+gpu-check-wheels: env
+	PYTHON=$(PY) bash tools/gpu_check.sh --prepare-wheels gpu_wheels

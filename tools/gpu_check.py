@@ -1,0 +1,179 @@
+#!/usr/bin/env python
+"""The GPU check's runs and report (started by tools/gpu_check.sh, which sets up the packages).
+
+1. ``tools/benchmark.py`` twice, without and with ``--amp`` (fp16 autocast on CUDA, bf16 on
+   the CPU): PaCa-Tiny, PaCa-Small, PVTv2-B2 and Swin-T; forward, forward+backward and peak
+   forward memory (``torch.cuda.max_memory_allocated`` on CUDA) at 512² and 800×1280.
+2. ``tools/train.py configs/demo/pacahead_tiny_synthetic_seg.py --amp`` for a few iterations
+   on freshly generated synthetic data.
+3. ``OUT/gpu_check.md``: one Markdown table of both benchmark runs side by side, the training
+   figures (loss, time per iteration, memory), and the versions and device they ran on.
+
+``--device cpu`` is the dry run that CI does (PaCa-Tiny and PVTv2-B2 only, 64² inputs, one
+repetition, no warm-up, one training iteration), so the whole path is known to work before
+it meets a GPU. The command exits non-zero if any step fails or the training loss is not
+finite.
+"""
+import argparse
+import csv
+import json
+import math
+import os
+import os.path as osp
+import platform
+import subprocess
+import sys
+import time
+
+import torch
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+SEG_CONFIG = 'configs/demo/pacahead_tiny_synthetic_seg.py'
+# per device: benchmark models, sizes, repeats, warm-up runs; training iterations, images per
+# split. The dry run keeps one PaCa model and the reference (each model's memory is measured
+# in its own process, and those processes dominate the dry run's time).
+PLANS = {
+    'cuda': dict(models=['paca_tiny', 'paca_small', 'pvt_v2_b2', 'swin_t'],
+                 sizes=['512', '800x1280'], repeats=20, warmup=5, iters=30, images=(64, 8)),
+    'cpu': dict(models=['paca_tiny', 'pvt_v2_b2'], sizes=['64'], repeats=1, warmup=0, iters=1,
+                images=(4, 1)),
+}
+
+
+def run_step(name, cmd, log_path):
+    """Run ``cmd`` from the repository root, its output to ``log_path``; seconds taken.
+    Raises SystemExit naming the step and the log's tail if it fails."""
+    print(f'[gpu_check] {name}: {" ".join(cmd)}', flush=True)
+    start = time.perf_counter()
+    with open(log_path, 'w') as log:
+        res = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    seconds = time.perf_counter() - start
+    if res.returncode:
+        with open(log_path) as f:
+            tail = f.read()[-3000:]
+        raise SystemExit(f'[gpu_check] {name} failed (exit {res.returncode}, log {log_path}):\n'
+                         f'{tail}')
+    print(f'[gpu_check] {name}: done in {seconds:.0f} s', flush=True)
+    return seconds
+
+
+def benchmark(device, plan, out, amp):
+    """tools/benchmark.py's rows (its CSV) for one precision, and the seconds it took."""
+    tag = 'amp' if amp else 'fp32'
+    bench_out = osp.join(out, f'benchmark_{tag}')
+    cmd = [sys.executable, 'tools/benchmark.py', '--device', device,
+           '--models', *plan['models'], '--sizes', *plan['sizes'],
+           '--repeats', str(plan['repeats']), '--warmup', str(plan['warmup']), '--out', bench_out] + (['--amp'] if amp else [])
+    seconds = run_step(f'benchmark ({tag})', cmd, osp.join(out, f'benchmark_{tag}.log'))
+    with open(osp.join(bench_out, 'benchmark.csv'), newline='') as f:
+        return list(csv.DictReader(f)), seconds
+
+
+def train(plan, out):
+    """A few AMP iterations of the seg demo; its per-iteration scalars and the seconds taken."""
+    data = osp.join(out, 'data', 'seg')
+    num_train, num_val = plan['images']
+    run_step('synthetic data', [sys.executable, '-m', 'paca_mm.datasets.synthetic_seg', '--root',
+                                data, '--num-train', str(num_train), '--num-val', str(num_val),
+                                '--overwrite'], osp.join(out, 'data.log'))
+    work_dir = osp.join(out, 'train')
+    iters = plan['iters']
+    cmd = [sys.executable, 'tools/train.py', SEG_CONFIG, '--amp', '--work-dir', work_dir,
+           '--cfg-options', f'train_cfg.max_iters={iters}',
+           f'default_hooks.checkpoint.interval={iters}', 'default_hooks.logger.interval=1',
+           f'train_dataloader.dataset.data_root={data}',
+           f'test_dataloader.dataset.data_root={data}']
+    seconds = run_step('seg demo training (AMP)', cmd, osp.join(out, 'train.log'))
+    scalars = sorted(
+        osp.join(dirpath, name) for dirpath, _, names in os.walk(work_dir) for name in names
+        if name == 'scalars.json')
+    if not scalars:
+        raise SystemExit(f'[gpu_check] training wrote no scalars.json under {work_dir}')
+    with open(scalars[-1]) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    if len(records) != iters:
+        raise SystemExit(f'[gpu_check] training logged {len(records)} iterations, '
+                         f'expected {iters} ({scalars[-1]})')
+    if not all(math.isfinite(r['loss']) for r in records):
+        raise SystemExit(f'[gpu_check] non-finite training loss: {[r["loss"] for r in records]}')
+    return records, seconds
+
+
+def _num(row, key):
+    value = row.get(key, '')
+    return float(value) if value not in ('', 'None') else None
+
+
+def _cell(value, digits=1):
+    return '–' if value is None else f'{value:.{digits}f}'
+
+
+def report(device, plan, fp32, amp, records, seconds):
+    """The Markdown report: environment, benchmark table (fp32 | AMP), training table."""
+    import mmcv
+    import mmdet
+    import mmengine
+    import mmseg
+    if device == 'cuda':
+        dev = f'{torch.cuda.get_device_name()} (CUDA {torch.version.cuda})'
+    else:
+        dev = f'CPU ({os.cpu_count()} cores), dry run'
+    amp_kind = 'fp16' if device == 'cuda' else 'bf16'
+    lines = [
+        f'# GPU check ({time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})', '',
+        f'Device: {dev}; Python {platform.python_version()}, torch {torch.__version__}, '
+        f'mmcv {mmcv.__version__}, mmengine {mmengine.__version__}, mmdet {mmdet.__version__}, '
+        f'mmseg {mmseg.__version__}. Steps: benchmark fp32 {seconds["fp32"]:.0f} s, '
+        f'AMP {seconds["amp"]:.0f} s, training {seconds["train"]:.0f} s.', '',
+        f'## Backbones (tools/benchmark.py, batch 1, median of {plan["repeats"]} runs after '
+        f'{plan["warmup"]} warm-up; AMP = {amp_kind} autocast; memory: peak forward, inference)',
+        '',
+        '| model | input | params M | fwd ms fp32 | fwd ms AMP | fwd+bwd ms fp32 '
+        '| fwd+bwd ms AMP | peak fwd MB fp32 | peak fwd MB AMP |',
+        '|---|---|---|---|---|---|---|---|---|',
+    ]
+    amp_rows = {(r['model'], r['size']): r for r in amp}
+    for r in fp32:
+        a = amp_rows[(r['model'], r['size'])]
+        lines.append(
+            f'| {r["model"]} | {r["size"]} | {_cell(_num(r, "params_m"))} '
+            f'| {_cell(_num(r, "fwd_ms"))} | {_cell(_num(a, "fwd_ms"))} '
+            f'| {_cell(_num(r, "fwd_bwd_ms"))} | {_cell(_num(a, "fwd_bwd_ms"))} '
+            f'| {_cell(_num(r, "mem_mb"))} | {_cell(_num(a, "mem_mb"))} |')
+    times = [r['time'] for r in records[1:]] or [records[0]['time']]
+    memory = max((r['memory'] for r in records if 'memory' in r), default=None)
+    lines += [
+        '', f'## Training ({SEG_CONFIG} through tools/train.py --amp)', '',
+        '| iterations | first loss | last loss | s / iter (median, without the first) '
+        '| peak memory MB |', '|---|---|---|---|---|',
+        f'| {len(records)} | {records[0]["loss"]:.4f} | {records[-1]["loss"]:.4f} '
+        f'| {sorted(times)[len(times) // 2]:.3f} | {_cell(memory, 0)} |', '']
+    return '\n'.join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    p.add_argument('--device', choices=sorted(PLANS), default='cuda')
+    p.add_argument('--out', default='work_dirs/gpu_check')
+    args = p.parse_args(argv)
+    if args.device == 'cuda' and not torch.cuda.is_available():
+        p.error('--device cuda: torch.cuda.is_available() is False here; '
+                'use --device cpu for the dry run')
+    plan = PLANS[args.device]
+    out = osp.abspath(args.out)
+    os.makedirs(out, exist_ok=True)
+    fp32, t_fp32 = benchmark(args.device, plan, out, amp=False)
+    amp, t_amp = benchmark(args.device, plan, out, amp=True)
+    records, t_train = train(plan, out)
+    text = report(args.device, plan, fp32, amp, records,
+                  dict(fp32=t_fp32, amp=t_amp, train=t_train))
+    path = osp.join(out, 'gpu_check.md')
+    with open(path + '.tmp', 'w') as f:
+        f.write(text)
+    os.replace(path + '.tmp', path)
+    print(text)
+    print(f'[gpu_check] report: {path}')
+
+
+if __name__ == '__main__':
+    main()
