@@ -22,6 +22,7 @@ from paca_mm.checkpoint import convert_official_to_classifier  # noqa: E402
 from paca_mm.datasets.synthetic_cls import (SyntheticClsDataset,  # noqa: E402
                                             class_names, generate_synthetic_cls)
 from paca_mm.models.backbones import PaCaViT  # noqa: E402
+from paca_mm.utils import CPUAmpOptimWrapper, adapt_cfg_to_device  # noqa: E402
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 IMNET_DIR = osp.join(ROOT, 'configs', 'paca_vit_imagenet')
@@ -269,9 +270,12 @@ def test_imagenet_pipelines_optimizer_and_schedule():
         assert tuple(out['inputs'].shape) == shape
 
     model = _build(cfg)
-    optim_cfg = cfg.optim_wrapper.copy()
-    optim_cfg['type'] = 'OptimWrapper'  # AmpOptimWrapper needs CUDA
-    optim = build_optim_wrapper(model, optim_cfg).optimizer
+    # as the Runner builds it on this machine after tools/train.py's adaptation
+    # (mmengine's AmpOptimWrapper needs CUDA; on a CPU it becomes bf16 CPUAmpOptimWrapper)
+    adapt_cfg_to_device(cfg, cuda=False)
+    wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
+    assert type(wrapper) is CPUAmpOptimWrapper and wrapper.cast_dtype == torch.bfloat16
+    optim = wrapper.optimizer
     names = {id(p): n for n, p in model.named_parameters()}
     checked = 0
     for group in optim.param_groups:
