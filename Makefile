@@ -8,7 +8,8 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 GPU_CHECK_ARGS ?=
 
-.PHONY: env env-compat test test-compat demo smoke-demo clean-demo gpu-check gpu-check-wheels
+.PHONY: env env-compat test test-compat demo smoke-demo clean-demo gpu-check gpu-check-wheels \
+	mutation
 
 env:
 	@STACK=main VENV=$(VENV) bash tools/setup_env.sh
@@ -30,6 +31,13 @@ smoke-demo: env
 
 clean-demo:
 	rm -rf work_dirs/demo
+
+# Mutation testing (tools/mutation_test.py): plant one small bug at a time in paca_mm/models
+# and paca_mm/checkpoint.py and list the mutants the tests miss. Not part of CI (hours for
+# every mutant; MUTATION_ARGS="--limit 60" samples).
+MUTATION_ARGS ?=
+mutation: env
+	$(PY) tools/mutation_test.py --report work_dirs/mutation_report.txt $(MUTATION_ARGS)
 
 # The GPU check (tools/gpu_check.sh): `make gpu-check GPU_CHECK_ARGS="--device cpu"` is its
 # dry run here; on the GPU machine run tools/gpu_check.sh itself with the carried wheels.

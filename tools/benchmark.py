@@ -255,17 +255,8 @@ def to_markdown(rows, args):
         f'CPU, {args.threads} threads'
     malloc = 'freed memory kept in the heap (--malloc-keep)' if args.malloc_keep else \
         'default glibc malloc'
-    from paca_mm import ops  # which CPU code paths PaCa ran
-    ops_loaded, why = ops.status()
-    if args.device.startswith('cuda'):
-        op_state = ''
-    elif ops_loaded:
-        op_state = 'paca_mm CPU ops loaded (' + (
-            'packed-weight GEMMs' if ops.packed_gemm() else 'ATen GEMMs') + '); '
-    else:
-        op_state = f'paca_mm CPU ops NOT loaded ({why}); '
     return (f'Device: {dev}; torch {torch.__version__}; amp={args.amp}; {malloc}; '
-            f'{op_state}ratios to {REFERENCE} in parentheses; batch 1; median of '
+            f'ratios to {REFERENCE} in parentheses; batch 1; median of '
             f'{args.repeats} interleaved runs; fwd steal %: median share of the vCPU time '
             'that the hypervisor took during a forward (/proc/stat; a share s slows that forward by up to 1 / (1 - s))'
             '.\n\n' + head + '\n'.join(lines) + '\n')

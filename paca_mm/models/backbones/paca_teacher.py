@@ -47,7 +47,7 @@ class BlurConv2d(nn.Module):
         self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride, padding)
 
     def forward(self, x):
-        x = F.conv2d(x, self.blur_filter.to(x.dtype), padding=1, groups=x.shape[1])
+        x = F.conv2d(x, self.blur_filter, padding=1, groups=x.shape[1])
         return self.conv(x)
 
 

@@ -14,14 +14,12 @@ from typing import Dict, List, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 from mmcv.cnn.bricks import DropPath
 from mmengine.model import BaseModule
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..layers.common import (ConvFFN, LayerNorm2d, cpu_inference, map_to_tokens,
-                             plain_module, tokens_to_map, tokens_to_nchw)
+from ..layers.common import ConvFFN, LayerNorm2d, map_to_tokens, tokens_to_map
 from ..layers.paca import (CLUSTERING_TYPES, OFFICIAL_CLUSTERING_NAMES,
                            PaCaAttention)
 from .paca_teacher import ConvMixerTeacher
@@ -112,59 +110,15 @@ def resolve_preset(arch: Union[str, dict]) -> dict:
 
 
 class Stem(nn.Module):
-    """Two 3x3 stride-2 convs (no act/norm between) + LayerNorm2d: (B,3,H,W) -> (B,C,H/4,W/4).
-
-    In float32 CPU inference the two convs run as their composition, one 7x7 stride-4 conv
-    (3.3x fewer MACs, no C/2-channel map at H/2 x W/2 in memory; 53 -> 15 ms at 800x1280).
-    That is exact except in the outermost output rows and columns, where the zero padding
-    between the two convs differs from padding the input; those are recomputed with the two
-    convs on thin input slices.
-    """
+    """Two 3x3 stride-2 convs (no act/norm between) + LayerNorm2d: (B,3,H,W) -> (B,C,H/4,W/4)."""
 
     def __init__(self, in_channels: int, dim: int):
         super().__init__()
         self.proj = nn.Sequential(
             nn.Conv2d(in_channels, dim // 2, 3, 2, 1), nn.Conv2d(dim // 2, dim, 3, 2, 1))
         self.norm = LayerNorm2d(dim, eps=1e-6)
-        self._folded_cache = None
 
-    fold = True  # use the composed 7x7 stride-4 conv in CPU inference
-
-    def folded_weights(self):
-        """(weight (C, in, 7, 7), bias (C,)) of conv2 o conv1, cached until a parameter changes."""
-        c1, c2 = self.proj
-        params = (c1.weight, c1.bias, c2.weight, c2.bias)
-        # inference tensors (parameters created under torch.inference_mode) have no version
-        # counter: no caching for them
-        key = None if any(p.is_inference() for p in params) else tuple(
-            (p.data_ptr(), p._version, p.dtype, p.device) for p in params)
-        if key is None or self._folded_cache is None or self._folded_cache[0] != key:
-            w = c1.weight.new_zeros(c2.out_channels, c1.in_channels, 7, 7)
-            for a in range(3):
-                for b in range(3):  # conv2 tap (a, b) sees conv1 taps shifted by (2a, 2b)
-                    w[:, :, 2 * a:2 * a + 3, 2 * b:2 * b + 3] += torch.einsum(
-                        'om,mikl->oikl', c2.weight[:, :, a, b], c1.weight)
-            bias = c2.bias + torch.einsum('omab,m->o', c2.weight, c1.bias)
-            self._folded_cache = (key, w, bias)
-        return self._folded_cache[1:]
-
-    def _proj_folded(self, x):
-        w, bias = self.folded_weights()
-        y = F.conv2d(x, w, bias, stride=4, padding=3)
-        H, W = y.shape[-2:]
-        # Output row 0 needs input rows < 8; the last output row, input rows from 4 (H - 2)
-        # (a multiple of 4, so the slice lies on the same grid); likewise for columns.
-        y[:, :, :1] = self.proj(x[:, :, :8])[:, :, :1]
-        y[:, :, -1:] = self.proj(x[:, :, 4 * (H - 2):])[:, :, 1:2]
-        y[:, :, :, :1] = self.proj(x[:, :, :, :8])[:, :, :, :1]
-        y[:, :, :, -1:] = self.proj(x[:, :, :, 4 * (W - 2):])[:, :, :, 1:2]
-        return y
-
-    def forward(self, x):
-        if (self.fold and x.dtype == torch.float32 and cpu_inference(x)
-                and x.shape[2] > 16 and x.shape[3] > 16
-                and all(plain_module(c, nn.Conv2d) for c in self.proj)):
-            return self.norm(self._proj_folded(x))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.norm(self.proj(x))
 
 
@@ -176,7 +130,7 @@ class Transition(nn.Module):
         self.proj = nn.Conv2d(in_dim, out_dim, 3, 2, 1)
         self.norm = LayerNorm2d(out_dim, eps=1e-6)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.norm(self.proj(x))
 
 
@@ -202,25 +156,17 @@ class PaCaBlock(nn.Module):
         else:
             self.gamma1 = self.gamma2 = None
 
-    def forward(self, x, hw, z=None):
-        plain = not self.training or not isinstance(self.drop_path, DropPath)
-        if self.gamma1 is None and plain:
-            # the residual is added in the attention's output projection
-            x, z, logits = self.attn(x, hw, z, residual=x, pre_norm=self.norm1_before)
-        else:
-            a, z, logits = self.attn(self.norm1_before(x), hw, z)
-            if self.gamma1 is not None:
-                a = self.gamma1 * a
-            # The branch output is a fresh tensor no backward needs: add the residual in
-            # place (saves a full-size allocation per add).
-            x = self.drop_path(a).add_(x)
-        if self.gamma2 is None and plain:
-            # x is this block's own tensor now: the FFN adds its output to it in place.
-            return self.mlp(x, hw, residual=x, pre_norm=self.norm2_before), z, logits
+    def forward(self, x: torch.Tensor, hw, z: Optional[torch.Tensor] = None):
+        """x: (B, N, C) tokens, z: the stage's (B, M, N) assignment or None ->
+        (x (B, N, C), z, this block's clustering logits (B, M, N) or None)."""
+        a, z, logits = self.attn(self.norm1_before(x), hw, z)
+        if self.gamma1 is not None:
+            a = self.gamma1 * a
+        x = x + self.drop_path(a)
         f = self.mlp(self.norm2_before(x), hw)
         if self.gamma2 is not None:
             f = self.gamma2 * f
-        return self.drop_path(f).add_(x), z, logits
+        return x + self.drop_path(f), z, logits
 
 
 def _per_stage(value, num_stages: int, name: str, cast=int) -> List:
@@ -453,9 +399,7 @@ class PaCaViT(BaseModule):
         block-wise mode), are kept in ``self.cluster_logits`` from the same pass.
         """
         self._check_input(x)
-        # Everything runs channels_last, so that switching between (B, C, H, W) maps and
-        # (B, N, C) tokens is a free view, never a copy.
-        x = self.patch_embed(x.contiguous(memory_format=torch.channels_last))
+        x = self.patch_embed(x)  # (B, C_1, H_1, W_1), channels_last (see LayerNorm2d)
         B = x.shape[0]
         if self.paca_teacher is not None:
             t_z, t_logits, t_outs = self.paca_teacher(x)
@@ -483,7 +427,7 @@ class PaCaViT(BaseModule):
             if i in self.out_indices:
                 # (B, C, H, W), contiguous: mmcv's RoIAlign (and other custom ops) read the
                 # raw NCHW memory and give wrong results on channels_last strides.
-                outs.append(tokens_to_nchw(x, hw))
+                outs.append(tokens_to_map(x, hw).contiguous())
             if i < self.num_stages - 1:
                 x = getattr(self, f'transition{i + 1}')(tokens_to_map(x, hw))
         if record:
