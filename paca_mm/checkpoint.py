@@ -11,15 +11,29 @@ Layouts accepted by :func:`extract_backbone_state_dict`:
 Changing the cluster count at fine-tune time (e.g. 100 -> 200 on ADE20k) is supported: the
 layers whose shape depends on M (the last clustering layer, the teacher's ``to_clusters``)
 keep their fresh random init and a log line says so; every other tensor is loaded.
+
+Safety: checkpoints are pickles, and unpickling can run arbitrary code. Every loader of
+paca_mm (:func:`load_checkpoint_file`, ``init_cfg=dict(type='Pretrained')``, the converter,
+the visualisation tools) and, after ``import paca_mm``, mmengine's ``CheckpointLoader`` for
+local files and ``http(s)://`` (``load_from``, ``--resume``, ``init_model`` ...) go through
+:func:`safe_torch_load`: tensors plus the narrow allow-list of what mmengine Runner
+checkpoints contain (HistoryBuffer, numpy arrays/scalars, HistoryBuffer methods via a
+restricted ``getattr``). Anything else raises :class:`CheckpointError` naming the refused
+global. Opt-in for a trusted file, never automatic: ``trust=True`` (Python API),
+``--trust-checkpoint`` (tools) or the environment variable ``PACA_MM_TRUST_CHECKPOINTS=1``.
 """
+import _codecs
+import _compat_pickle
+import io
 import os
 import os.path as osp
 import pickle
 import re
 import tempfile
+import types
 import zipfile
 from collections import OrderedDict
-from typing import Dict, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 from mmengine.logging import print_log
@@ -34,35 +48,275 @@ _WRAPPER_KEYS = ('state_dict', 'model', 'module', 'model_state')
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be read or does not fit the model."""
+    """A checkpoint that cannot be read, is refused, or does not fit the model."""
 
 
-def load_checkpoint_file(path: str, map_location='cpu') -> dict:
-    """Read a checkpoint file (or http(s) URL) into a dict, with clear errors.
+# ------------------------------------------------------------------------- safe loading
+TRUST_ENV = 'PACA_MM_TRUST_CHECKPOINTS'
+_TRUST_HINT = (
+    'If you trust the file (you wrote it, or it comes from a source you trust), opt in '
+    'explicitly: trust=True in the Python API (load_checkpoint_file, '
+    'load_backbone_checkpoint, build_model, run_image_demo), --trust-checkpoint on the '
+    'paca_mm tools, or the environment variable ' + TRUST_ENV + '=1 (any loader, also '
+    "init_cfg=dict(type='Pretrained') and the toolboxes' own scripts).")
 
-    Plain tensor dicts are read with ``weights_only=True``; a file that also pickles other
-    objects (mmengine's ``meta``, numpy values) is re-read with ``weights_only=False`` as
-    mmengine did before torch 2.6 — only load checkpoints you trust.
+
+def trust_requested(trust: bool = False) -> bool:
+    """``trust``, or the environment variable ``PACA_MM_TRUST_CHECKPOINTS`` set to 1/true/yes."""
+    return bool(trust) or os.environ.get(TRUST_ENV, '').strip().lower() in (
+        '1', 'true', 'yes', 'on')
+
+
+def _numpy_globals() -> List[Any]:
+    """numpy classes/functions needed to unpickle arrays, dtypes and scalars."""
+    import numpy as np
+    try:  # numpy >= 2 moved the private module
+        from numpy._core import multiarray
+    except ImportError:  # numpy 1.x
+        from numpy.core import multiarray
+    kinds = (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
+             np.uint64, np.float16, np.float32, np.float64)
+    dtype_classes = {type(np.dtype(k)) for k in kinds}  # e.g. numpy.dtypes.Float64DType
+    # ``numpy.dtype`` itself stays out of the object-dtype door: an object-dtype
+    # instance can only be completed (BUILD) if its class is allow-listed, which it is not.
+    return [multiarray._reconstruct, multiarray.scalar, np.ndarray, np.dtype,
+            *sorted(dtype_classes, key=lambda c: c.__name__)]
+
+
+def _history_buffer_getattr(obj: Any, name: Any) -> Any:
+    """Stand-in for ``builtins.getattr`` while unpickling.
+
+    A pickled HistoryBuffer stores its statistics methods, which pickle refers to as
+    ``getattr(HistoryBuffer, 'mean')``. Allow-listing the real ``getattr`` would let a
+    checkpoint fetch any attribute of any allowed object (e.g. ``numpy.ndarray.tofile``),
+    so this resolves public *methods of HistoryBuffer* only and rejects everything else.
     """
-    if re.match(r'^(https?|s3)://', str(path)):
-        from mmengine.runner import CheckpointLoader
-        return CheckpointLoader.load_checkpoint(path, map_location=map_location)
-    path = osp.expanduser(str(path))
+    import inspect
+
+    from mmengine.logging import HistoryBuffer
+    if (obj is HistoryBuffer and isinstance(name, str) and not name.startswith('_')
+            and inspect.isfunction(HistoryBuffer.__dict__.get(name))):
+        return HistoryBuffer.__dict__[name]
+    raise pickle.UnpicklingError(
+        f'weights-only load: getattr({obj!r}, {name!r}) is not allowed in a checkpoint '
+        '(paca_mm allows HistoryBuffer methods only)')
+
+
+def mmengine_checkpoint_globals() -> List[Any]:
+    """The non-tensor globals an mmengine Runner checkpoint contains.
+
+    ``meta.message_hub`` holds :class:`mmengine.logging.HistoryBuffer` objects (numpy
+    arrays of logged scalars, plus its statistics methods, pickled as
+    ``getattr(HistoryBuffer, name)``) and runtime info such as ``best_score`` (a numpy
+    scalar); everything else is dicts/lists/strings/numbers and tensors. ``getattr`` is
+    given as ``(restricted function, 'builtins.getattr')`` (see
+    :func:`_history_buffer_getattr`).
+    """
+    from mmengine.logging import HistoryBuffer
+    return [HistoryBuffer, (_history_buffer_getattr, 'builtins.getattr'), *_numpy_globals()]
+
+
+def allow_mmengine_checkpoint_globals(extra: Sequence[Any] = ()) -> List[Any]:
+    """Let torch's weights-only ``torch.load`` (default since torch 2.6) read Runner
+    checkpoints; called by ``import paca_mm``.
+
+    mmengine and the toolboxes call ``torch.load(path, map_location=...)`` without
+    ``weights_only``, so with torch >= 2.6 resuming, ``load_from``, ``tools/test.py`` and
+    ``init_model``/``init_detector`` fail with ``Unsupported global: GLOBAL
+    mmengine.logging.history_buffer.HistoryBuffer``. Adding exactly those classes to
+    torch's safe globals keeps the weights-only protection (a checkpoint with any other
+    class is still rejected). The allow-list is process-wide; ``extra`` adds globals a
+    custom hook may store. Returns the globals of the allow-list ([] when torch has no
+    ``add_safe_globals``, i.e. torch < 2.4, where :func:`safe_torch_load` uses its own
+    restricted unpickler).
+    """
+    serialization = torch.serialization
+    if not hasattr(serialization, 'add_safe_globals'):
+        return []
+    allowed = mmengine_checkpoint_globals() + list(extra)
+    current = serialization.get_safe_globals() if hasattr(serialization,
+                                                          'get_safe_globals') else []
+    missing = [g for g in allowed if g not in current]
+    if missing:
+        serialization.add_safe_globals(missing)
+    return allowed
+
+
+def _restricted_pickle_module():
+    """For torch < 2.4 (no ``add_safe_globals``): a pickle module whose Unpickler only
+    resolves torch's weights-only globals (tensor rebuild functions, storages, dtypes,
+    ``torch.device``, ``collections.OrderedDict``, ``_codecs.encode`` for bytes) and :func:`mmengine_checkpoint_globals`;
+    every other global (hence every other callable) raises ``UnpicklingError``."""
+    from torch import _weights_only_unpickler
+    allowed = dict(_weights_only_unpickler._get_allowed_globals())
+    # every dtype and torch.device, as newer torch allows (torch 2.1 lists some dtypes only)
+    allowed.update({str(t): t for t in vars(torch).values() if isinstance(t, torch.dtype)})
+    allowed['torch.device'] = torch.device
+    allowed['_codecs.encode'] = _codecs.encode  # bytes in protocol 2 (also torch >= 2.4)
+    for g in mmengine_checkpoint_globals():
+        obj, name = g if isinstance(g, tuple) else (g, f'{g.__module__}.{g.__qualname__}')
+        allowed[name] = obj
+
+    class Unpickler(pickle.Unpickler):
+        def find_class(self, module, name):
+            # protocol-2 pickles (torch.save) name Python 2 modules, e.g. __builtin__
+            module, name = _compat_pickle.NAME_MAPPING.get((module, name), (module, name))
+            module = _compat_pickle.IMPORT_MAPPING.get(module, module)
+            full = f'{module}.{name}'
+            if full in allowed:
+                return allowed[full]
+            raise pickle.UnpicklingError(
+                f'Unsupported global: GLOBAL {full} was not an allowed global')
+
+    module = types.ModuleType('paca_mm_restricted_pickle')
+    module.Unpickler = Unpickler
+    module.UnpicklingError = pickle.UnpicklingError
+    module.load = lambda file, **kwargs: Unpickler(file, **kwargs).load()
+    return module
+
+
+def _refused(message: str):
+    """What a weights-only load refused, from torch's / the restricted unpickler's error:
+    ``(description, True)``, or ``(first line of the error, False)`` if nothing was refused
+    (a corrupt file)."""
+    found = re.search(r'GLOBAL (\S+) (was not an allowed global|whose module)', message)
+    if found:
+        return f'the global {found.group(1)}', True
+    found = re.search(r'(getattr\(.*?\)) is not allowed', message)
+    if found:
+        return f'builtins.{found.group(1)} (only HistoryBuffer methods are allowed)', True
+    found = re.search(r'^.*(Can only build|Can only create new object|reduce for '
+                      r'unrecognized function).*$', message, re.M)
+    if found:
+        return f'an object outside the allow-list ({found.group(0).strip()[:300]})', True
+    lines = message.split('WeightsUnpickler error:')[-1].strip().splitlines()
+    return (lines[0] if lines else '?')[:300], False
+
+
+def safe_torch_load(f, map_location='cpu', trust: bool = False, source: Optional[str] = None):
+    """``torch.load`` that never unpickles arbitrary objects unless explicitly trusted.
+
+    Tensors, containers, numbers and strings, plus what mmengine Runner checkpoints
+    contain (:func:`mmengine_checkpoint_globals`), load; any other pickled global raises
+    :class:`CheckpointError` naming it. torch >= 2.4: ``weights_only=True`` with the
+    allow-list; older torch: ``torch.load`` with a restricted unpickler. ``trust=True`` or
+    ``PACA_MM_TRUST_CHECKPOINTS=1`` loads with ``weights_only=False`` (arbitrary code can
+    run; only for files you trust).
+    """
+    source = source or (f if isinstance(f, str) else '<file object>')
+    if trust_requested(trust):
+        print_log(f'{source}: trusted checkpoint, unpickled in full (weights_only=False)',
+                  logger='current', level=30)
+        try:
+            return torch.load(f, map_location=map_location, weights_only=False)
+        except (AttributeError, ImportError, pickle.UnpicklingError) as e:
+            raise CheckpointError(f'cannot unpickle trusted checkpoint {source!r}: '
+                                  f'{type(e).__name__}: {e}') from e
+    if hasattr(torch.serialization, 'add_safe_globals'):
+        allow_mmengine_checkpoint_globals()
+        kwargs = dict(weights_only=True)
+    else:
+        kwargs = dict(weights_only=False, pickle_module=_restricted_pickle_module())
+    try:
+        return torch.load(f, map_location=map_location, **kwargs)
+    except pickle.UnpicklingError as e:
+        what, refused = _refused(str(e))
+        if refused:
+            raise CheckpointError(
+                f'refusing to load checkpoint {source!r}: it pickles {what}, which is '
+                'neither a tensor nor in the allow-list of what mmengine Runner checkpoints '
+                'contain; unpickling it could run arbitrary code. ' + _TRUST_HINT) from None
+        raise CheckpointError(
+            f'cannot read checkpoint {source!r} weights-only ({what}): the file is corrupt, '
+            'not a PyTorch checkpoint, or pickles objects paca_mm does not load by default. '
+            + _TRUST_HINT) from None
+
+
+def _download(url: str) -> str:
+    """Download ``url`` into torch's hub cache (``<hub dir>/checkpoints``) once, as
+    mmengine's http loader does (rank 0 first in a distributed run); returns the path."""
+    from urllib.parse import urlparse
+
+    from mmengine.dist import get_dist_info
+    from torch.hub import download_url_to_file, get_dir
+    cached = osp.join(get_dir(), 'checkpoints', osp.basename(urlparse(url).path))
+
+    def fetch():
+        if not osp.isfile(cached):
+            os.makedirs(osp.dirname(cached), exist_ok=True)
+            download_url_to_file(url, cached, progress=False)
+
+    rank, world_size = get_dist_info()
+    if rank == 0:
+        fetch()
+    if world_size > 1:
+        torch.distributed.barrier()
+        if rank > 0:
+            fetch()
+    return cached
+
+
+def load_from_local(filename, map_location=None):
+    """mmengine ``CheckpointLoader`` scheme for local files (registered by ``import
+    paca_mm``, replacing mmengine's ``torch.load``): :func:`safe_torch_load`."""
+    filename = osp.expanduser(filename)
+    if not osp.isfile(filename):
+        raise FileNotFoundError(f'{filename} can not be found.')
+    return safe_torch_load(filename, map_location)
+
+
+def load_from_http(filename, map_location=None):
+    """mmengine ``CheckpointLoader`` scheme for ``http(s)://``: cached download +
+    :func:`safe_torch_load`."""
+    return safe_torch_load(_download(filename), map_location, source=filename)
+
+
+def install_safe_checkpoint_loading() -> None:
+    """Called by ``import paca_mm``: the toolboxes' own scripts (tools/test.py, ``load_from``,
+    ``--resume``, ``init_model``, ``init_detector``) load checkpoints safely too.
+
+    * torch >= 2.4: :func:`allow_mmengine_checkpoint_globals` (Runner checkpoints load
+      under torch's weights-only default of torch >= 2.6);
+    * any torch: mmengine's ``CheckpointLoader`` schemes for local files and
+      ``http(s)://`` are replaced by :func:`load_from_local` / :func:`load_from_http`
+      (mmengine's own call ``torch.load`` without ``weights_only``, which unpickles
+      anything on torch < 2.6). Other schemes (``s3://``, ``open-mmlab://`` ...) stay
+      mmengine's.
+    """
+    from mmengine.runner import CheckpointLoader
+    allow_mmengine_checkpoint_globals()
+    CheckpointLoader.register_scheme(prefixes='', loader=load_from_local, force=True)
+    CheckpointLoader.register_scheme(prefixes=('http://', 'https://'), loader=load_from_http,
+                                     force=True)
+
+
+def load_checkpoint_file(path: str, map_location='cpu', trust: bool = False) -> dict:
+    """Read a checkpoint file (or URL) into a dict, safely and with clear errors.
+
+    Loads weights-only plus the allow-list of mmengine Runner checkpoints (see
+    :func:`safe_torch_load`): official releases, our converter's output and Runner
+    checkpoints load; a file that pickles anything else raises :class:`CheckpointError`
+    naming the refused global, unless ``trust=True`` or ``PACA_MM_TRUST_CHECKPOINTS=1``.
+    ``http(s)://`` files are cached in torch's hub folder; other ``scheme://`` paths are
+    read with ``mmengine.fileio.get``.
+    """
+    path = str(path)
+    if re.match(r'^https?://', path):
+        return safe_torch_load(_download(path), map_location, trust, source=path)
+    if '://' in path and not osp.exists(path):  # s3://, petrel:// ...
+        from mmengine.fileio import get
+        return safe_torch_load(io.BytesIO(get(path)), map_location, trust, source=path)
+    path = osp.expanduser(path)
     if not osp.isfile(path):
         raise FileNotFoundError(
             f'checkpoint not found: {path!r} (resolved against the working directory '
             f'{os.getcwd()!r}). Download the released file or fix the path in init_cfg / '
             '--checkpoint; PaCaViT never falls back to random weights silently.')
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError:
-        print_log(f'{path}: contains non-tensor objects; loading it with weights_only=False '
-                  '(trusted file)', logger='current')
-        try:
-            return torch.load(path, map_location=map_location, weights_only=False)
-        except Exception as e:  # pragma: no cover - defensive
-            raise CheckpointError(f'cannot read checkpoint {path!r}: {e}') from e
+        return safe_torch_load(path, map_location, trust)
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
+        if isinstance(e, CheckpointError):
+            raise
         raise CheckpointError(
             f'cannot read checkpoint {path!r} ({osp.getsize(path)} bytes): the file is '
             f'truncated or corrupt, or not a PyTorch checkpoint. Original error: '
@@ -192,17 +446,20 @@ def _fmt(items, limit=20):
 
 
 def load_backbone_checkpoint(model: torch.nn.Module, checkpoint, prefix: Optional[str] = None,
-                             strict: bool = False, map_location='cpu') -> dict:
+                             strict: bool = False, map_location='cpu',
+                             trust: bool = False) -> dict:
     """Load a checkpoint (path/URL or dict) into a PaCaViT backbone.
 
-    Cluster-count layers with another M are re-initialised (logged). Missing, unexpected
+    A path is read by :func:`load_checkpoint_file` (weights-only + the Runner allow-list;
+    ``trust=True`` or ``PACA_MM_TRUST_CHECKPOINTS=1`` for a trusted file that pickles other
+    objects). Cluster-count layers with another M are re-initialised (logged). Missing, unexpected
     and other mismatched keys are logged as warnings; with ``strict=True`` they raise
     :class:`CheckpointError` instead (mmengine semantics). Returns the report of
     :func:`match_state_dict` (without the tensors).
     """
     source = checkpoint if isinstance(checkpoint, str) else '<state_dict>'
-    ckpt = load_checkpoint_file(checkpoint, map_location) if isinstance(checkpoint, str) \
-        else checkpoint
+    ckpt = load_checkpoint_file(checkpoint, map_location, trust) \
+        if isinstance(checkpoint, str) else checkpoint
     sd = extract_backbone_state_dict(ckpt, prefix)
     report = match_state_dict(model.state_dict(), sd)
     problems = []

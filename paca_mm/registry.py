@@ -4,7 +4,8 @@
 optional: a missing one is skipped (see ``REGISTERED`` for what went where), so importing
 never fails because one of the three is absent. Registering into the scoped registries
 (not mmengine's root) makes ``type='PaCaViT'`` resolve in every scope and also with a
-scope prefix, e.g. ``type='mmdet.PaCaViT'`` from an mmseg config.
+scope prefix, e.g. ``type='mmdet.PaCaViT'`` from an mmseg config. It also installs safe
+checkpoint loading into mmengine (:func:`paca_mm.checkpoint.install_safe_checkpoint_loading`).
 """
 import importlib
 from typing import Dict, List
@@ -52,3 +53,7 @@ def register_all():
     _register('mmengine', 'MODEL_WRAPPERS', CPUDistributedDataParallel)
     from .utils.rng_hook import RNGStateHook  # tools/train.py: exact --resume
     _register('mmengine', 'HOOKS', RNGStateHook)
+    # checkpoints: weights-only + the Runner allow-list in mmengine's CheckpointLoader and
+    # torch.load (the toolboxes' own tools/test.py, load_from, --resume, init_model ...)
+    from .checkpoint import install_safe_checkpoint_loading
+    install_safe_checkpoint_loading()

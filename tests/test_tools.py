@@ -145,7 +145,8 @@ class _GetattrPayload:
 
 def test_runner_checkpoint_globals_load_weights_only(tmp_path):
     """A Runner-style checkpoint (message hub with HistoryBuffers, numpy scalar runtime
-    info) loads with weights_only=True after the allow-list, and nothing else does."""
+    info) loads with weights_only=True after the allow-list, and nothing else does (torch
+    < 2.5, without the safe-globals API: through paca_mm's restricted unpickler)."""
     import numpy as np
     from mmengine.logging import MessageHub
     hub = MessageHub.get_instance('paca_mm_test_ckpt_globals')
@@ -156,6 +157,17 @@ def test_runner_checkpoint_globals_load_weights_only(tmp_path):
                 state_dict={'w': torch.ones(2)}, optimizer={'state': {}})
     path = tmp_path / 'ckpt.pth'
     torch.save(ckpt, path)
+    if not hasattr(torch.serialization, 'get_safe_globals'):
+        from paca_mm.checkpoint import CheckpointError, safe_torch_load
+        loaded = safe_torch_load(str(path))
+        buf = loaded['meta']['message_hub']['log_scalars']['train/loss']
+        assert buf.current() == pytest.approx(1 / 3)
+        assert loaded['meta']['message_hub']['runtime_info']['best_score'] == 0.5
+        for name, obj in (('bad', _NotAllowed()), ('bad_getattr', _GetattrPayload())):
+            torch.save(dict(obj=obj), tmp_path / f'{name}.pth')
+            with pytest.raises(CheckpointError, match='refusing to load'):
+                safe_torch_load(str(tmp_path / f'{name}.pth'))
+        return
 
     # the allow-list is process-wide: start from torch's defaults (other tests may have
     # allow-listed already), restore afterwards
@@ -387,8 +399,8 @@ def test_train_then_test_tools(tmp_path, tiny_data):
 
 
 def _load_runner_checkpoint(path):
-    allow_mmengine_checkpoint_globals()
-    return torch.load(str(path), map_location='cpu', weights_only=True)
+    from paca_mm.checkpoint import load_checkpoint_file  # weights-only + Runner allow-list
+    return load_checkpoint_file(str(path))
 
 
 def _free_port():

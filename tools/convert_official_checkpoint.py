@@ -14,7 +14,10 @@ Examples::
 
 Released files load directly through ``init_cfg=dict(type='Pretrained', checkpoint=...)``
 too; the converter is for layout changes and for checking a file against an arch. It never
-overwrites its input and writes atomically (temporary file + rename).
+overwrites its input and writes atomically (temporary file + rename). SRC is read
+weights-only (tensors, plus what mmengine Runner checkpoints contain); a file that pickles
+other objects is refused unless you trust it: ``--trust-checkpoint`` or
+``PACA_MM_TRUST_CHECKPOINTS=1``.
 """
 import argparse
 import os.path as osp
@@ -40,6 +43,10 @@ def parse_args(argv=None):
                    help='target cluster count per stage (re-initialises M-dependent layers)')
     p.add_argument('--prefix', default=None,
                    help="key prefix of the backbone in src (default: 'backbone.' if present)")
+    p.add_argument('--trust-checkpoint', action='store_true',
+                   help='unpickle src in full (it may run code): only for a file you trust '
+                   'that pickles objects beyond tensors and what mmengine Runner checkpoints '
+                   'contain; same as PACA_MM_TRUST_CHECKPOINTS=1')
     return p.parse_args(argv)
 
 
@@ -50,7 +57,7 @@ def main(argv=None):
     if args.num_clusters and not args.arch:
         sys.exit('error: --num-clusters needs --arch (the model to adapt to)')
     try:
-        ckpt = load_checkpoint_file(args.src)
+        ckpt = load_checkpoint_file(args.src, trust=args.trust_checkpoint)
         backbone = extract_backbone_state_dict(ckpt, args.prefix)
         if args.arch:
             from paca_mm.models.backbones import PaCaViT

@@ -1,13 +1,15 @@
 """Test (and evaluate) a checkpoint with any paca_mm config (mmseg, mmdet or mmpretrain).
 
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out OUT] [--show]
-        [--show-dir DIR] [--tta] [--cfg-options k=v ...] [--launcher ...]
+        [--show-dir DIR] [--tta] [--trust-checkpoint] [--cfg-options k=v ...] [--launcher ...]
 
 Semantics follow the toolbox named by the config's default_scope: ``--out`` is a directory
 of prediction maps for mmseg and a ``.pkl`` of predictions for mmdet and mmpretrain;
 ``--show-dir`` saves painted predictions; ``--tta`` uses the config's ``tta_model`` and
-``tta_pipeline`` (mmdet/mmpretrain fall back to a flip TTA). Runner checkpoints written
-with torch >= 2.6 load weights-only (see ``paca_mm/utils/runtime.py``).
+``tta_pipeline`` (mmdet/mmpretrain fall back to a flip TTA). CHECKPOINT is loaded
+weights-only plus what mmengine Runner checkpoints contain (see ``paca_mm/checkpoint.py``);
+a file that pickles other objects is refused unless you trust it: ``--trust-checkpoint``
+or ``PACA_MM_TRUST_CHECKPOINTS=1``.
 Multi-process: tools/dist_test.sh, tools/slurm_test.sh.
 """
 import argparse
@@ -23,6 +25,7 @@ except ImportError:  # running from a checkout that is not pip-installed
 
 from mmengine.config import Config, DictAction
 
+from paca_mm.checkpoint import CheckpointError
 from paca_mm.utils import runtime
 
 
@@ -47,6 +50,11 @@ def parse_args(argv=None):
     parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
                         default='none', help='job launcher')
     parser.add_argument('--tta', action='store_true', help='test time augmentation')
+    parser.add_argument(
+        '--trust-checkpoint', action='store_true',
+        help='unpickle the checkpoints this run loads in full (they may run code): only for '
+        'files you trust that pickle objects beyond tensors and what mmengine Runner '
+        'checkpoints contain; same as PACA_MM_TRUST_CHECKPOINTS=1')
     parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
     args = parser.parse_args(argv)
     if 'LOCAL_RANK' not in os.environ:
@@ -58,6 +66,7 @@ def main(argv=None):
     args = parse_args(argv)
     if '://' not in args.checkpoint and not osp.isfile(args.checkpoint):
         raise FileNotFoundError(f'checkpoint {args.checkpoint!r} does not exist')
+    runtime.trust_checkpoints(args.trust_checkpoint)
     cfg = Config.fromfile(args.config)
     cfg.launcher = args.launcher
     if args.cfg_options is not None:
@@ -72,4 +81,7 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    main()
+    try:
+        main()
+    except CheckpointError as e:  # a refused or unreadable checkpoint: one clear line
+        sys.exit(f'error: {e}')

@@ -1,13 +1,18 @@
 """Train with any paca_mm config (mmseg, mmdet or mmpretrain, chosen by default_scope).
 
     python tools/train.py CONFIG [--work-dir DIR] [--resume [CKPT]] [--amp]
-        [--auto-scale-lr] [--cfg-options k=v ...] [--launcher none|pytorch|slurm|mpi]
+        [--auto-scale-lr] [--trust-checkpoint] [--cfg-options k=v ...]
+        [--launcher none|pytorch|slurm|mpi]
 
 Same flags and semantics as the toolboxes' own tools/train.py. ``--resume`` alone resumes
 from the latest checkpoint in the work dir, ``--resume CKPT`` from that file. On a machine
 without CUDA: SyncBN -> BN, ``--amp`` -> bf16 autocast, distributed -> gloo (see
 ``paca_mm/utils/runtime.py``). Checkpoints also keep the torch RNG state, so a resumed
 run continues the dropout/drop-path stream exactly (``paca_mm/utils/rng_hook.py``).
+Checkpoints (``--resume``, ``load_from``, a backbone's ``init_cfg``) are loaded weights-only
+plus what mmengine Runner checkpoints contain (``paca_mm/checkpoint.py``); a file that
+pickles other objects is refused unless you trust it: ``--trust-checkpoint`` or
+``PACA_MM_TRUST_CHECKPOINTS=1``.
 Multi-process: tools/dist_train.sh, tools/slurm_train.sh.
 """
 import argparse
@@ -23,6 +28,7 @@ except ImportError:  # running from a checkout that is not pip-installed
 
 from mmengine.config import Config, DictAction
 
+from paca_mm.checkpoint import CheckpointError
 from paca_mm.utils import runtime
 
 
@@ -44,6 +50,11 @@ def parse_args(argv=None):
     parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
                         default='none', help='job launcher')
     # torch.distributed.launch passes --local-rank; torchrun sets LOCAL_RANK
+    parser.add_argument(
+        '--trust-checkpoint', action='store_true',
+        help='unpickle the checkpoints this run loads in full (they may run code): only for '
+        'files you trust that pickle objects beyond tensors and what mmengine Runner '
+        'checkpoints contain; same as PACA_MM_TRUST_CHECKPOINTS=1')
     parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
     args = parser.parse_args(argv)
     if 'LOCAL_RANK' not in os.environ:
@@ -53,6 +64,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    runtime.trust_checkpoints(args.trust_checkpoint)
     cfg = Config.fromfile(args.config)
     cfg.launcher = args.launcher
     if args.cfg_options is not None:
@@ -68,4 +80,7 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    main()
+    try:
+        main()
+    except CheckpointError as e:  # a refused or unreadable checkpoint: one clear line
+        sys.exit(f'error: {e}')

@@ -2,7 +2,7 @@
 
     python tools/visualize_clusters.py CONFIG CHECKPOINT IMAGE [--stage 3] [--out DIR]
         [--groups] [--topk 5] [--label L] [--device cpu] [--size H W] [--no-per-cluster]
-        [--cfg-options k=v ...]
+        [--trust-checkpoint] [--cfg-options k=v ...]
 
 CONFIG may be a classification, detection or segmentation config (the toolbox is its
 ``default_scope``); the explainer uses ``model.backbone`` (a PaCaViT) with
@@ -10,7 +10,9 @@ CONFIG may be a classification, detection or segmentation config (the toolbox is
 paper shows stage 3; a stage with M = 0 clusters has no assignment). The image goes through
 the config's test pipeline (resize/crop) unless ``--size H W`` is given. CHECKPOINT is a
 checkpoint of the full model (Runner layout) or an official PaCa-ViT ImageNet release
-(``IMNET_224_<model>.pth``), or ``none`` for random weights.
+(``IMNET_224_<model>.pth``), or ``none`` for random weights; it is read weights-only plus
+what Runner checkpoints contain, other pickled objects need ``--trust-checkpoint`` (or
+``PACA_MM_TRUST_CHECKPOINTS=1``) for a file you trust.
 
 Written to DIR (default ``work_dirs/cluster_vis``):
     stage{s}_heatmaps.png              input + the M sigmoid heatmaps (min-max per map)
@@ -55,6 +57,10 @@ def parse_args(argv=None):
                    help='do not write one overlay file per cluster')
     p.add_argument('--cfg-options', nargs='+', action=DictAction,
                    help='override config settings, key=value pairs')
+    p.add_argument('--trust-checkpoint', action='store_true',
+                   help='unpickle the checkpoint in full (it may run code): only for a file '
+                   'you trust that pickles objects beyond tensors and what mmengine Runner '
+                   'checkpoints contain; same as PACA_MM_TRUST_CHECKPOINTS=1')
     args = p.parse_args(argv)
     if args.topk < 1:
         p.error('--topk must be >= 1')
@@ -66,7 +72,8 @@ def main(argv=None):
     from paca_mm.visualization import explain_image, is_classifier
     from paca_mm.visualization.inference import build_model, load_image
     ckpt = None if args.checkpoint.lower() == 'none' else args.checkpoint
-    model = build_model(args.config, ckpt, args.device, args.cfg_options)
+    model = build_model(args.config, ckpt, args.device, args.cfg_options,
+                        trust=args.trust_checkpoint)
     if args.groups and not is_classifier(model):
         raise SystemExit(f'--groups needs a classification config; {args.config} builds a '
                          f'{type(model).__name__} (the heatmaps work without --groups)')
@@ -89,4 +96,8 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    main()
+    from paca_mm.checkpoint import CheckpointError
+    try:
+        main()
+    except CheckpointError as e:  # a refused or unreadable checkpoint: one clear line
+        sys.exit(f'error: {e}')

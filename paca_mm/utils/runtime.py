@@ -5,9 +5,10 @@ One set of tools serves the three toolboxes: the config's ``default_scope``
 whose command-line semantics (``--out``, ``--show-dir``, ``--tta``) apply. Besides
 that, the helpers make the tools work where the stock OpenMMLab tools do not:
 
-* **torch >= 2.6 checkpoints** -- ``torch.load`` is weights-only by default and rejects
-  the Python objects mmengine stores in a Runner checkpoint (see
-  :func:`allow_mmengine_checkpoint_globals`).
+* **safe checkpoints** -- ``import paca_mm`` makes mmengine load checkpoints weights-only
+  plus the allow-list of what Runner checkpoints contain, on every torch (see
+  :mod:`paca_mm.checkpoint`); ``--trust-checkpoint`` (:func:`trust_checkpoints`) opts in
+  to full unpickling for one run.
 * **CPU-only machines** -- SyncBN configs are rewritten to BN, ``AmpOptimWrapper``
   (CUDA only in mmengine) becomes bf16 autocast on CPU, and a distributed launch
   (torchrun / Slurm / MPI) creates a gloo process group itself, because mmengine's
@@ -19,12 +20,14 @@ import datetime
 import importlib
 import os
 import subprocess
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional
 
-import numpy as np
 import torch
 import torch.distributed as torch_dist
 from mmengine.config import Config, ConfigDict
+
+from ..checkpoint import (TRUST_ENV, allow_mmengine_checkpoint_globals,  # noqa: F401
+                          mmengine_checkpoint_globals)
 
 TOOLBOXES = ('mmseg', 'mmdet', 'mmpretrain')
 SYNC_BN_TYPES = ('SyncBN', 'MMSyncBN', 'TorchSyncBN')
@@ -57,84 +60,21 @@ def register_toolbox_modules(cfg: Config) -> str:
 
 
 # --------------------------------------------------------------------- checkpoints
-def _numpy_globals() -> List[Any]:
-    """numpy classes/functions needed to unpickle arrays, dtypes and scalars."""
-    try:  # numpy >= 2 moved the private module
-        from numpy._core import multiarray
-    except ImportError:  # numpy 1.x
-        from numpy.core import multiarray
-    kinds = (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
-             np.uint64, np.float16, np.float32, np.float64)
-    dtype_classes = {type(np.dtype(k)) for k in kinds}  # e.g. numpy.dtypes.Float64DType
-    # ``numpy.dtype`` itself stays out of the object-dtype door: an object-dtype
-    # instance can only be completed (BUILD) if its class is allow-listed, which it is not.
-    return [multiarray._reconstruct, multiarray.scalar, np.ndarray, np.dtype,
-            *sorted(dtype_classes, key=lambda c: c.__name__)]
-
-
-def _history_buffer_getattr(obj: Any, name: Any) -> Any:
-    """Stand-in for ``builtins.getattr`` while unpickling weights-only.
-
-    A pickled HistoryBuffer stores its statistics methods, which pickle refers to as
-    ``getattr(HistoryBuffer, 'mean')``. Allow-listing the real ``getattr`` would let a
-    checkpoint fetch any attribute of any allowed object, so this resolves public
-    *methods of HistoryBuffer* only and rejects everything else.
-    """
-    import inspect
-    import pickle
-
-    from mmengine.logging import HistoryBuffer
-    if (obj is HistoryBuffer and isinstance(name, str) and not name.startswith('_')
-            and inspect.isfunction(HistoryBuffer.__dict__.get(name))):
-        return HistoryBuffer.__dict__[name]
-    raise pickle.UnpicklingError(
-        f'weights-only load: getattr({obj!r}, {name!r}) is not allowed in a checkpoint '
-        '(paca_mm allows HistoryBuffer methods only)')
-
-
-def mmengine_checkpoint_globals() -> List[Any]:
-    """The non-tensor globals an mmengine Runner checkpoint contains.
-
-    ``meta.message_hub`` holds :class:`mmengine.logging.HistoryBuffer` objects (numpy
-    arrays of logged scalars, plus its statistics methods, pickled as
-    ``getattr(HistoryBuffer, name)``) and runtime info such as ``best_score`` (a numpy
-    scalar); everything else is dicts/lists/strings/numbers and tensors. ``getattr`` is
-    given as ``(restricted function, 'builtins.getattr')`` (see
-    :func:`_history_buffer_getattr`).
-    """
-    from mmengine.logging import HistoryBuffer
-    return [HistoryBuffer, (_history_buffer_getattr, 'builtins.getattr'), *_numpy_globals()]
-
-
-def allow_mmengine_checkpoint_globals(extra: Sequence[Any] = ()) -> List[Any]:
-    """Let weights-only ``torch.load`` (default since torch 2.6) read Runner checkpoints.
-
-    Why an allow-list: mmengine calls ``torch.load(path, map_location=...)`` without
-    ``weights_only``, so with torch >= 2.6 resuming, ``load_from`` and ``tools/test.py``
-    fail with ``UnpicklingError: Weights only load failed`` on the HistoryBuffer and
-    numpy objects of the message hub. Adding exactly those classes to torch's
-    safe-globals keeps the weights-only protection (no arbitrary code runs while
-    unpickling; a checkpoint with any other class is still rejected), instead of the
-    blanket ``weights_only=False`` fallback. The allow-list is process-wide, which is the
-    scope of one tool run; ``extra`` adds globals a custom hook may store.
-
-    ``builtins.getattr`` is mapped to a function that only resolves HistoryBuffer methods.
-    Returns the globals added ([] when torch has no weights-only loading).
-    """
-    serialization = torch.serialization
-    if not hasattr(serialization, 'add_safe_globals'):  # torch < 2.4: nothing to do
-        return []
-    allowed = mmengine_checkpoint_globals() + list(extra)
-    serialization.add_safe_globals(allowed)
-    return allowed
-
-
 WEIGHTS_ONLY_HINT = (
-    'The checkpoint holds Python objects outside the allow-list of '
-    'paca_mm.utils.allow_mmengine_checkpoint_globals (torch >= 2.6 loads weights-only). '
-    'If you trust the file, allow the class named above with '
-    'torch.serialization.add_safe_globals([...]) in a module listed in the config\'s '
-    'custom_imports.')
+    'The checkpoint holds Python objects outside the allow-list of what mmengine Runner '
+    'checkpoints contain (paca_mm.checkpoint.mmengine_checkpoint_globals), and checkpoints '
+    'are loaded weights-only (paca_mm.checkpoint.safe_torch_load). If you trust the file, '
+    'pass --trust-checkpoint to tools/train.py / tools/test.py or set '
+    f'{TRUST_ENV}=1.')
+
+
+def trust_checkpoints(enable: bool = True) -> None:
+    """``--trust-checkpoint``: the checkpoints this run loads (CHECKPOINT, ``--resume``,
+    ``load_from``, a backbone's ``init_cfg`` file) are unpickled in full, i.e. may run
+    code. Sets ``PACA_MM_TRUST_CHECKPOINTS=1`` for this process (see
+    :func:`paca_mm.checkpoint.safe_torch_load`); does nothing when ``enable`` is false."""
+    if enable:
+        os.environ[TRUST_ENV] = '1'
 
 
 # ------------------------------------------------------------------ device adaptation
@@ -273,8 +213,7 @@ def init_cpu_distributed(launcher: str, dist_cfg: Optional[Dict] = None) -> bool
 def build_runner(cfg: Config):
     """Register the scope's modules, adapt ``cfg`` to the device, initialise CPU
     distributed if needed and build the Runner (``cfg.runner_type`` is honoured)."""
-    scope = register_toolbox_modules(cfg)
-    allow_mmengine_checkpoint_globals()
+    scope = register_toolbox_modules(cfg)  # imports paca_mm: safe checkpoint loading
     notes = adapt_cfg_to_device(cfg)
     launcher = cfg.get('launcher', 'none')
     if init_cpu_distributed(launcher, cfg.get('env_cfg', {}).get('dist_cfg')):

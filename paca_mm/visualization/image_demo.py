@@ -5,7 +5,8 @@
 * mmpretrain: the config's test pipeline + ``UniversalVisualizer.visualize_cls``.
 
 The model is built by :func:`paca_mm.visualization.inference.build_model` (config scope,
-Runner or official checkpoints, torch >= 2.6 safe loading).
+Runner or official checkpoints, weights-only loading with an explicit opt-in for
+trusted files).
 """
 import itertools
 import os
@@ -39,14 +40,15 @@ def _palette(n: int, seed: int = 0):
 
 def run_image_demo(config, checkpoint: Optional[str], image: str, out_file: str,
                    device: str = 'cpu', score_thr: float = 0.3, topk: int = 5,
-                   cfg_options: Optional[dict] = None) -> dict:
+                   cfg_options: Optional[dict] = None, trust: bool = False) -> dict:
     """Predict on ``image`` and write the painted result to ``out_file`` (PNG/JPG).
 
     Returns dict(task='det'|'seg'|'cls', out_file=..., result=<DataSample or probs>), plus
     ``top`` (list of (class, prob)) for classification and ``num_instances`` (above
-    ``score_thr``) for detection.
+    ``score_thr``) for detection. ``trust``: unpickle a trusted checkpoint in full (see
+    :func:`paca_mm.checkpoint.load_checkpoint_file`).
     """
-    model = build_model(config, checkpoint, device, cfg_options)
+    model = build_model(config, checkpoint, device, cfg_options, trust=trust)
     scope = config_scope(model.cfg)
     os.makedirs(osp.dirname(osp.abspath(out_file)), exist_ok=True)
     meta = dict(model.dataset_meta or {})

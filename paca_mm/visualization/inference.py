@@ -52,20 +52,22 @@ def _state_dict_of(ckpt: dict) -> dict:
             for k, v in sd.items() if torch.is_tensor(v)}
 
 
-def load_model_weights(model: nn.Module, checkpoint: str, scope: str) -> dict:
+def load_model_weights(model: nn.Module, checkpoint: str, scope: str,
+                       trust: bool = False) -> dict:
     """Load a full-model checkpoint (mmengine layout) or an official PaCa-ViT release.
 
     Official ImageNet files (plain backbone keys + ``head.*``) are remapped with
     :func:`paca_mm.checkpoint.convert_official_to_classifier` for classifiers; for detectors
-    and segmentors only their backbone part is loaded. Returns the checkpoint dict.
+    and segmentors only their backbone part is loaded. The file is read weights-only plus
+    the Runner allow-list (:func:`paca_mm.checkpoint.load_checkpoint_file`): anything else
+    raises ``CheckpointError`` unless ``trust=True`` or ``PACA_MM_TRUST_CHECKPOINTS=1``.
+    Returns the checkpoint dict.
     """
     from mmengine.runner.checkpoint import load_state_dict
 
     from ..checkpoint import (convert_official_to_classifier, load_backbone_checkpoint,
                               load_checkpoint_file)
-    from ..utils.runtime import allow_mmengine_checkpoint_globals
-    allow_mmengine_checkpoint_globals()  # Runner checkpoints load weights-only (torch>=2.6)
-    ckpt = load_checkpoint_file(checkpoint)
+    ckpt = load_checkpoint_file(checkpoint, trust=trust)
     sd = _state_dict_of(ckpt)
     official = not any(k.startswith('backbone.') for k in sd) and \
         any(k.startswith('patch_embed.') for k in sd)
@@ -109,9 +111,11 @@ def _dataset_metainfo(cfg: Config) -> Optional[dict]:
 
 
 def build_model(config: Union[str, Config], checkpoint: Optional[str] = None,
-                device: str = 'cpu', cfg_options: Optional[dict] = None) -> nn.Module:
+                device: str = 'cpu', cfg_options: Optional[dict] = None,
+                trust: bool = False) -> nn.Module:
     """Build ``cfg.model`` in its toolbox scope, load ``checkpoint`` (or keep the random init
-    when it is None), move to ``device``, eval mode.
+    when it is None), move to ``device``, eval mode. ``trust``: see
+    :func:`load_model_weights`.
 
     The returned model has ``.cfg`` (the Config) and ``.dataset_meta`` (classes, palette if
     known: from the checkpoint meta, else from the config's dataset).
@@ -128,7 +132,7 @@ def build_model(config: Union[str, Config], checkpoint: Optional[str] = None,
     model = MODELS.build(model_cfg)
     ckpt = {}
     if checkpoint is not None:
-        ckpt = load_model_weights(model, checkpoint, scope)
+        ckpt = load_model_weights(model, checkpoint, scope, trust=trust)
     else:
         model.init_weights()
     if scope in ('mmdet', 'mmseg'):

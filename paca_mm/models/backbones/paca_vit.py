@@ -347,7 +347,8 @@ class PaCaViT(BaseModule):
             from ...checkpoint import load_backbone_checkpoint
             load_backbone_checkpoint(self, cfg['checkpoint'], prefix=cfg.get('prefix'),
                                      strict=cfg.get('strict', False),
-                                     map_location=cfg.get('map_location', 'cpu'))
+                                     map_location=cfg.get('map_location', 'cpu'),
+                                     trust=cfg.get('trust', False))
         self._is_init = True
 
     # ----------------------------------------------------------- freezing

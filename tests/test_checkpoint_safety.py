@@ -1,0 +1,436 @@
+"""No checkpoint loader of paca_mm unpickles arbitrary objects unless explicitly trusted.
+
+Each payload below creates a marker file when it is unpickled in full (checked by
+``test_payloads_are_live``). Every loading path must refuse it with ``CheckpointError`` (or
+the tool's one-line error exit) naming the refused global and the opt-in, and the marker
+must never appear: paca_mm's own loader, ``init_cfg=dict(type='Pretrained')`` of PaCaViT,
+the converter, the visualisation tools, mmengine's ``CheckpointLoader`` / ``load_checkpoint``
+(local and http) after ``import paca_mm``, mmseg's ``init_model`` in a fresh process, and
+``tools/test.py`` / ``tools/train.py --resume``. Runner checkpoints (HistoryBuffers, numpy
+scalars), official plain state_dicts and the converter's output load without the opt-in;
+``trust=True`` / ``--trust-checkpoint`` / ``PACA_MM_TRUST_CHECKPOINTS=1`` load a trusted
+file holding another (benign) class.
+
+Both loading mechanisms are tested where the installed torch has them: torch's weights-only
+unpickler with the allow-list (torch >= 2.4) and paca_mm's restricted unpickler (torch < 2.4;
+forced here by hiding ``torch.serialization.add_safe_globals``).
+"""
+import argparse
+import importlib.util
+import json
+import os
+import os.path as osp
+import shlex
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import paca_mm  # noqa: F401  (installs safe checkpoint loading)
+from paca_mm.checkpoint import TRUST_ENV, CheckpointError, load_checkpoint_file
+from paca_mm.models.backbones import PaCaViT
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+CONFIG = osp.join(ROOT, 'tests', 'data', 'tools_tiny_seg.py')
+ARCH = dict(embed_dims=(16, 32, 48, 64), depths=(1, 1, 1, 1), num_heads=(1, 2, 4, 8))
+OPT_IN = [TRUST_ENV, '--trust-checkpoint', 'trust=True']
+
+
+# ---------------------------------------------------------------------------- payloads
+class _System:
+    """os.system('touch MARKER')"""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return os.system, ('touch ' + shlex.quote(self.marker),)
+
+
+class _Open(_System):
+    """open(MARKER, 'w')"""
+
+    def __reduce__(self):
+        return open, (self.marker, 'w')
+
+
+class _NdarrayTofile:
+    """Pickles as builtins.getattr(numpy.ndarray, 'tofile')."""
+
+    def __reduce__(self):
+        return getattr, (np.ndarray, 'tofile')
+
+    def __call__(self, *args):  # pickle wants a callable; never called here
+        raise AssertionError
+
+
+class _ViaGetattr(_System):
+    """getattr(numpy.ndarray, 'tofile')(array, MARKER): writes the marker."""
+
+    def __reduce__(self):
+        return _NdarrayTofile(), (np.zeros(1), self.marker)
+
+
+def _sd():
+    return {'w': torch.ones(2)}
+
+
+SYSTEM = f'the global {os.system.__module__}.system'
+OPEN = f'the global {open.__module__}.open'
+# where the payload sits -> (checkpoint object, what the error names: one of these)
+PAYLOADS = {
+    'meta': (lambda m: dict(state_dict=_sd(), meta=dict(evil=_System(m))), [SYSTEM]),
+    'state_dict': (lambda m: dict(state_dict=dict(_sd(), evil=_Open(m)), meta={}), [OPEN]),
+    'top_level': (lambda m: _System(m), [SYSTEM]),
+    # torch's weights-only unpickler already refuses the object dtype
+    'numpy_object_array': (lambda m: dict(state_dict=_sd(), meta=dict(
+        arr=np.array([_Open(m)], dtype=object))), [OPEN, 'ObjectDType']),
+    'getattr': (lambda m: dict(state_dict=_sd(), meta=dict(x=_ViaGetattr(m))),
+                ["builtins.getattr(<class 'numpy.ndarray'>, 'tofile')"]),
+}
+
+
+def _payload(tmp_path, kind):
+    marker = tmp_path / f'marker_{kind}'
+    path = tmp_path / f'payload_{kind}.pth'
+    torch.save(PAYLOADS[kind][0](marker), str(path))
+    return str(path), marker
+
+
+def _check_refusal(message, kind):
+    assert 'refusing to load checkpoint' in message, message
+    assert any(name in message for name in PAYLOADS[kind][1]), message
+    for opt_in in OPT_IN:
+        assert opt_in in message, message
+
+
+def _runner_checkpoint(path):
+    """A Runner checkpoint as mmengine writes it (message hub HistoryBuffers, numpy scalar)."""
+    from mmengine.logging import MessageHub
+    hub = MessageHub.get_instance('paca_mm_test_checkpoint_safety')
+    for i in range(3):
+        hub.update_scalar('train/loss', 1.0 / (i + 1))
+    hub.update_info('best_score', np.float64(0.5))
+    torch.save(dict(meta=dict(message_hub=hub.state_dict(), seed=0, iter=3),
+                    state_dict=_sd(), optimizer={'state': {}, 'param_groups': [
+                        dict(lr=0.1, betas=(0.9, 0.999), params=[0])]}), str(path))
+    return str(path)
+
+
+def _check_runner_checkpoint(ckpt):
+    hub = ckpt['meta']['message_hub']
+    assert hub['log_scalars']['train/loss'].current() == pytest.approx(1 / 3)
+    assert hub['log_scalars']['train/loss'].mean() == pytest.approx((1 + 1 / 2 + 1 / 3) / 3)
+    assert hub['runtime_info']['best_score'] == 0.5
+    assert torch.equal(ckpt['state_dict']['w'], torch.ones(2))
+
+
+def _benign(path, state_dict=None):
+    """A trusted file holding a class outside the allow-list (argparse.Namespace)."""
+    torch.save(dict(state_dict=_sd() if state_dict is None else state_dict,
+                    meta=dict(args=argparse.Namespace(lr=0.1))), str(path))
+    return str(path)
+
+
+def _tool(name):
+    spec = importlib.util.spec_from_file_location(f'_tool_{name}_safety',
+                                                  osp.join(ROOT, 'tools', f'{name}.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(autouse=True)
+def _no_trust_env(monkeypatch):
+    monkeypatch.delenv(TRUST_ENV, raising=False)
+
+
+def _mechanisms():
+    """The loading mechanisms this torch has: torch's weights-only unpickler with the
+    allow-list (torch >= 2.4), and paca_mm's restricted unpickler (the one torch < 2.4 uses;
+    on newer torch it is tested by hiding add_safe_globals). Neither is skipped: a mechanism
+    this torch cannot run is simply not one of its cases."""
+    from torch import _weights_only_unpickler
+    out = []
+    if hasattr(torch.serialization, 'add_safe_globals'):
+        out.append('torch_weights_only')
+    if hasattr(_weights_only_unpickler, '_get_allowed_globals'):
+        out.append('restricted_unpickler')
+    assert out, 'this torch offers neither loading mechanism paca_mm supports'
+    return out
+
+
+@pytest.fixture(params=_mechanisms())
+def mechanism(request, monkeypatch):
+    """torch's weights-only unpickler + allow-list, or paca_mm's restricted unpickler."""
+    if request.param == 'restricted_unpickler':
+        monkeypatch.delattr(torch.serialization, 'add_safe_globals', raising=False)
+    return request.param
+
+
+# ------------------------------------------------------------------------------ tests
+@pytest.mark.parametrize('kind', sorted(PAYLOADS))
+def test_payloads_are_live(tmp_path, kind):
+    """Control: unpickled in full, each payload does create its marker."""
+    path, marker = _payload(tmp_path, kind)
+    torch.load(path, weights_only=False)
+    assert marker.exists()
+
+
+@pytest.mark.parametrize('kind', sorted(PAYLOADS))
+def test_paca_mm_loaders_refuse_payloads(tmp_path, kind, mechanism):
+    path, marker = _payload(tmp_path, kind)
+    with pytest.raises(CheckpointError) as e:
+        load_checkpoint_file(path)
+    _check_refusal(str(e.value), kind)
+    # PaCaViT init_cfg=dict(type='Pretrained') -> init_weights
+    model = PaCaViT(arch=ARCH, init_cfg=dict(type='Pretrained', checkpoint=path))
+    with pytest.raises(CheckpointError) as e:
+        model.init_weights()
+    _check_refusal(str(e.value), kind)
+    # mmengine, as the toolboxes use it after `import paca_mm`
+    from mmengine.runner import CheckpointLoader, load_checkpoint
+    with pytest.raises(CheckpointError) as e:
+        CheckpointLoader.load_checkpoint(path, map_location='cpu')
+    _check_refusal(str(e.value), kind)
+    with pytest.raises(CheckpointError):
+        load_checkpoint(torch.nn.Linear(2, 2), path, map_location='cpu')
+    # the converter CLI: one error line, nothing written
+    dst = tmp_path / 'converted.pth'
+    with pytest.raises(SystemExit) as e:
+        _tool('convert_official_checkpoint').main([path, str(dst)])
+    assert str(e.value.code).startswith('error: ')
+    _check_refusal(str(e.value.code), kind)
+    assert not dst.exists()
+    assert not marker.exists()
+
+
+def test_http_scheme_refuses_payloads(tmp_path, monkeypatch, mechanism):
+    """mmengine's http(s) loader (load_from / init_cfg with a URL) is replaced too."""
+    import shutil
+
+    import torch.hub
+    from mmengine.runner import CheckpointLoader
+    path, marker = _payload(tmp_path, 'meta')
+    good = _runner_checkpoint(tmp_path / 'runner.pth')
+    monkeypatch.setenv('TORCH_HOME', str(tmp_path / 'torch_home'))
+    monkeypatch.setattr(torch.hub, 'download_url_to_file',
+                        lambda url, dst, *a, **k: shutil.copy(
+                            path if 'payload' in url else good, dst))
+    with pytest.raises(CheckpointError) as e:
+        CheckpointLoader.load_checkpoint('https://example.invalid/payload.pth')
+    _check_refusal(str(e.value), 'meta')
+    assert 'https://example.invalid/payload.pth' in str(e.value)
+    with pytest.raises(CheckpointError):
+        load_checkpoint_file('https://example.invalid/payload.pth')
+    _check_runner_checkpoint(CheckpointLoader.load_checkpoint('https://example.invalid/r.pth'))
+    assert not marker.exists()
+
+
+def test_good_checkpoints_load_without_opt_in(tmp_path, mechanism):
+    from mmengine.runner import CheckpointLoader
+    runner = _runner_checkpoint(tmp_path / 'runner.pth')
+    _check_runner_checkpoint(load_checkpoint_file(runner))
+    _check_runner_checkpoint(CheckpointLoader.load_checkpoint(runner, map_location='cpu'))
+
+    # official-style plain state_dict (backbone keys + classifier head)
+    torch.manual_seed(0)
+    ref = PaCaViT(arch=ARCH)
+    src = tmp_path / 'IMNET_224_tiny.pth'
+    torch.save(dict(ref.state_dict(), **{'head.weight': torch.randn(5, 64),
+                                         'head.bias': torch.randn(5)}), str(src))
+    model = PaCaViT(arch=ARCH, init_cfg=dict(type='Pretrained', checkpoint=str(src),
+                                             strict=True))
+    model.init_weights()
+    for k, v in ref.state_dict().items():
+        assert torch.equal(model.state_dict()[k], v), k
+
+    # the converter's output loads too, through init_cfg and mmengine
+    dst = tmp_path / 'backbone.pth'
+    _tool('convert_official_checkpoint').main([str(src), str(dst)])
+    assert load_checkpoint_file(str(dst))['meta']['converted_from'] == src.name
+    model = PaCaViT(arch=ARCH, init_cfg=dict(type='Pretrained', checkpoint=str(dst),
+                                             strict=True))
+    model.init_weights()
+    for k, v in ref.state_dict().items():
+        assert torch.equal(model.state_dict()[k], v), k
+    assert set(CheckpointLoader.load_checkpoint(str(dst))['state_dict']) == \
+        set(ref.state_dict())
+
+
+def test_opt_in_argument_and_env_var(tmp_path, monkeypatch, mechanism):
+    from mmengine.runner import CheckpointLoader
+    path = _benign(tmp_path / 'trusted.pth')
+    for load in (load_checkpoint_file, CheckpointLoader.load_checkpoint):
+        with pytest.raises(CheckpointError) as e:
+            load(path)
+        assert 'argparse.Namespace' in str(e.value) and TRUST_ENV in str(e.value)
+    # the argument
+    assert load_checkpoint_file(path, trust=True)['meta']['args'].lr == 0.1
+    dst = tmp_path / 'converted.pth'
+    tool = _tool('convert_official_checkpoint')
+    with pytest.raises(SystemExit, match='argparse.Namespace'):
+        tool.main([path, str(dst)])
+    tool.main([path, str(dst), '--trust-checkpoint'])
+    assert torch.equal(load_checkpoint_file(str(dst))['state_dict']['w'], torch.ones(2))
+    # never automatic: the file is still refused after a trusted load
+    with pytest.raises(CheckpointError):
+        load_checkpoint_file(path)
+    # the environment variable: every loader, also mmengine's (the toolboxes' scripts)
+    monkeypatch.setenv(TRUST_ENV, '1')
+    assert load_checkpoint_file(path)['meta']['args'].lr == 0.1
+    assert CheckpointLoader.load_checkpoint(path)['meta']['args'].lr == 0.1
+    monkeypatch.setenv(TRUST_ENV, '0')
+    with pytest.raises(CheckpointError):
+        CheckpointLoader.load_checkpoint(path)
+    # init_cfg=dict(type='Pretrained', trust=True): the argument for the backbone's loader
+    sd_path = _benign(tmp_path / 'trusted_backbone.pth', PaCaViT(arch=ARCH).state_dict())
+    with pytest.raises(CheckpointError, match='argparse.Namespace'):
+        PaCaViT(arch=ARCH, init_cfg=dict(type='Pretrained', checkpoint=sd_path)).init_weights()
+    model = PaCaViT(arch=ARCH, init_cfg=dict(type='Pretrained', checkpoint=sd_path,
+                                             trust=True))
+    model.init_weights()
+    ref = torch.load(sd_path, weights_only=False)['state_dict']
+    assert all(torch.equal(v, ref[k]) for k, v in model.state_dict().items())
+
+
+def _seg_model_checkpoint(tmp_path, benign=False):
+    from paca_mm.visualization.inference import build_model
+    torch.manual_seed(0)
+    model = build_model(CONFIG, None)
+    path = tmp_path / ('seg_trusted.pth' if benign else 'seg.pth')
+    if benign:
+        return _benign(path, model.state_dict()), model
+    torch.save(dict(state_dict=model.state_dict(), meta={}), str(path))
+    return str(path), model
+
+
+def test_visualization_loaders(tmp_path, mechanism):
+    """paca_mm.visualization.inference (tools/visualize_clusters.py, tools/image_demo.py)."""
+    pytest.importorskip('mmseg')
+    cv2 = pytest.importorskip('cv2')
+    from paca_mm.visualization.inference import build_model
+    image = str(tmp_path / 'img.png')
+    cv2.imwrite(image, np.random.default_rng(0).integers(0, 255, (32, 32, 3), dtype=np.uint8))
+    for kind in ('meta', 'getattr'):
+        path, marker = _payload(tmp_path, kind)
+        with pytest.raises(CheckpointError) as e:
+            build_model(CONFIG, path)
+        _check_refusal(str(e.value), kind)
+        with pytest.raises(CheckpointError):
+            _tool('visualize_clusters').main([CONFIG, path, image, '--out',
+                                              str(tmp_path / 'vis')])
+        with pytest.raises(CheckpointError):
+            _tool('image_demo').main([CONFIG, path, image, '--out', str(tmp_path / 'o.png')])
+        assert not marker.exists()
+    trusted, ref = _seg_model_checkpoint(tmp_path, benign=True)
+    with pytest.raises(CheckpointError, match='argparse.Namespace'):
+        build_model(CONFIG, trusted)
+    torch.manual_seed(1)  # another random init: the weights must come from the file
+    model = build_model(CONFIG, trusted, trust=True)
+    for k, v in ref.state_dict().items():
+        assert torch.equal(model.state_dict()[k], v), k
+    out = _tool('image_demo').main([CONFIG, trusted, image, '--out', str(tmp_path / 'o.png'),
+                                    '--trust-checkpoint'])
+    assert out['task'] == 'seg' and osp.isfile(out['out_file'])
+
+
+# ------------------------------------------------------------- fresh processes (slow)
+def _env(**extra):
+    env = dict(os.environ, OMP_NUM_THREADS='1', MKL_NUM_THREADS='1', CUDA_VISIBLE_DEVICES='')
+    env.pop(TRUST_ENV, None)
+    env['PYTHONPATH'] = os.pathsep.join(
+        [ROOT] + ([env['PYTHONPATH']] if env.get('PYTHONPATH') else []))
+    env.update(extra)
+    return env
+
+
+_TOOLBOX_SCRIPT = r'''
+import json, sys
+from mmseg.apis import init_model  # the config's custom_imports imports paca_mm
+config, paths = sys.argv[1], json.loads(sys.argv[2])
+out = {}
+try:
+    init_model(config, paths.pop('init_model_payload'), device='cpu')
+    out['init_model_payload'] = 'loaded'
+except Exception as e:
+    out['init_model_payload'] = f'{type(e).__name__}: {e}'
+model = init_model(config, paths.pop('init_model_runner'), device='cpu')
+out['init_model_runner'] = 'loaded'
+import torch  # a plain torch.load as toolbox code does (torch >= 2.6: weights-only default)
+ckpt = torch.load(paths.pop('torch_load_runner'), map_location='cpu')
+out['torch_load_runner'] = ckpt['meta']['message_hub']['log_scalars']['train/loss'].current()
+from mmengine.runner import CheckpointLoader
+for name, path in paths.items():
+    try:
+        ckpt = CheckpointLoader.load_checkpoint(path, map_location='cpu')
+        out[name] = 'loaded: ' + repr(ckpt['meta']['message_hub']['log_scalars']
+                                      ['train/loss'].current())
+    except Exception as e:
+        out[name] = f'{type(e).__name__}: {e}'
+print('RESULT ' + json.dumps(out))
+'''
+
+
+@pytest.mark.slow
+def test_toolbox_scripts_after_import_paca_mm(tmp_path):
+    """A fresh process that only gets paca_mm through the config's custom_imports (as
+    mmseg's own tools/test.py and init_model do) loads checkpoints safely."""
+    pytest.importorskip('mmseg')
+    paths = {kind: _payload(tmp_path, kind)[0] for kind in PAYLOADS}
+    paths['init_model_payload'] = paths['meta']
+    paths['runner'] = paths['init_model_runner'] = paths['torch_load_runner'] = \
+        _runner_checkpoint(tmp_path / 'r.pth')
+    proc = subprocess.run([sys.executable, '-c', _TOOLBOX_SCRIPT, CONFIG, json.dumps(paths)],
+                          cwd=str(tmp_path), env=_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.split('RESULT ', 1)[1])
+    for kind in list(PAYLOADS) + ['init_model_payload']:
+        assert out[kind].startswith('CheckpointError: '), (kind, out[kind])
+        _check_refusal(out[kind], 'meta' if kind == 'init_model_payload' else kind)
+    assert out['runner'] == 'loaded: ' + repr(1 / 3)
+    assert out['init_model_runner'] == 'loaded'
+    assert out['torch_load_runner'] == pytest.approx(1 / 3)
+    assert not [f for f in os.listdir(str(tmp_path)) if f.startswith('marker')]
+
+
+@pytest.fixture(scope='module')
+def tiny_seg_data(tmp_path_factory):
+    from paca_mm.datasets.synthetic_seg import generate_synthetic_seg
+    root = tmp_path_factory.mktemp('safety_seg_data')
+    return generate_synthetic_seg(str(root), num_train=2, num_val=1, size=(32, 32), seed=0)
+
+
+def _run_tool(tool, args, data_root, cwd):
+    cmd = [sys.executable, osp.join(ROOT, 'tools', f'{tool}.py'), CONFIG, *args,
+           '--work-dir', str(cwd / 'work'), '--cfg-options'] + \
+        [f'{split}_dataloader.dataset.data_root={data_root}'
+         for split in ('train', 'val', 'test')]
+    proc = subprocess.run(cmd, cwd=str(cwd), env=_env(), capture_output=True, text=True,
+                          timeout=300)
+    return proc.returncode, proc.stdout + proc.stderr, proc.stderr
+
+
+@pytest.mark.slow
+def test_tools_test_and_train_refuse_payloads(tmp_path, tiny_seg_data):
+    path, marker = _payload(tmp_path, 'meta')
+    rc, out, err = _run_tool('test', [path], tiny_seg_data, tmp_path)
+    assert rc != 0 and err.strip().splitlines()[-1].startswith('error: refusing'), out[-3000:]
+    _check_refusal(err, 'meta')
+    rc, out, err = _run_tool('train', ['--resume', path], tiny_seg_data, tmp_path)
+    assert rc != 0 and err.strip().splitlines()[-1].startswith('error: refusing'), out[-3000:]
+    _check_refusal(err, 'meta')
+    assert not marker.exists()
+
+
+@pytest.mark.slow
+def test_tools_test_trust_checkpoint(tmp_path, tiny_seg_data):
+    trusted, _ = _seg_model_checkpoint(tmp_path, benign=True)
+    rc, out, err = _run_tool('test', [trusted], tiny_seg_data, tmp_path)
+    assert rc != 0 and 'argparse.Namespace' in err, out[-3000:]
+    rc, out, _ = _run_tool('test', [trusted, '--trust-checkpoint'], tiny_seg_data, tmp_path)
+    assert rc == 0, out[-3000:]
+    assert 'Load checkpoint from' in out and 'mIoU' in out
