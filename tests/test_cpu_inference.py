@@ -193,3 +193,22 @@ def test_fuse_in_a_segmentor_and_a_detector():
         out = fuse_for_cpu_inference(det_like)(x)
     for r, o in zip(ref, out):
         torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize('B', [1, 2])
+def test_token_maps_are_channels_last_views(B):
+    """tokens_to_map is a view with channels_last strides, also for B = 1, so the model's
+    convs (FFN depth-wise, clustering, transitions) run channels_last without copying their
+    input; map_to_tokens of their output is a view again (no layout copies, issue 20)."""
+    from paca_mm.models.layers.common import map_to_tokens, tokens_to_map
+    x = torch.randn(B, 7 * 5, 16)
+    m = tokens_to_map(x, (7, 5))
+    assert m.shape == (B, 16, 7, 5) and m.data_ptr() == x.data_ptr()
+    assert m.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(m, x.transpose(1, 2).reshape(B, 16, 7, 5))
+    conv = torch.nn.Conv2d(16, 16, 3, padding=1, groups=16)
+    with torch.no_grad():
+        y = conv(m)
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    t = map_to_tokens(y)
+    assert t.is_contiguous() and t.data_ptr() == y.data_ptr()

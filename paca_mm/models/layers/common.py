@@ -12,9 +12,11 @@ import torch.nn.functional as F
 
 
 def tokens_to_map(x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
-    """(B, N, C) tokens -> (B, C, H, W) map (a view)."""
+    """(B, N, C) tokens -> (B, C, H, W) map: a view with channels_last strides (also for
+    B = 1, where a transpose + reshape would give the batch dim a stride that makes
+    ``nn.Conv2d`` fall back to an NCHW copy of its input)."""
     B, N, C = x.shape
-    return x.transpose(1, 2).reshape(B, C, hw[0], hw[1])
+    return x.reshape(B, hw[0], hw[1], C).permute(0, 3, 1, 2)
 
 
 def map_to_tokens(x: torch.Tensor) -> torch.Tensor:
