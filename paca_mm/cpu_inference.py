@@ -10,10 +10,10 @@ and nowhere else, applied once by an explicit call, as mmcv's ``fuse_conv_bn`` a
 The pass checks its preconditions once (every PaCa module in eval mode, float32, on the
 CPU, of the plain classes it knows) and then swaps in the inference modules of
 ``INFERENCE_PIECES``. A piece is kept only where an A/B in one run shows at least 10 % on
-the whole PaCa-Small forward at the sizes it targets (docs/benchmarks.md, "CPU inference
-pass"). The last A/Bs found no piece that does: ``INFERENCE_PIECES`` is empty, and the
-pass returns the checked model unchanged. The tools apply it on the CPU all the same
-(``--no-fuse`` turns it off), so a piece that earns its place reaches every user at once.
+the whole PaCa-Small forward at the sizes it targets (docs/benchmarks.md,
+"Session 9"). The last A/Bs found no piece that does: ``INFERENCE_PIECES`` is empty, and the
+pass returns the checked model unchanged. (Applying it in tools/test.py, image_demo.py,
+visualize_clusters.py and benchmark.py, with a flag to turn it off, is still to do.)
 """
 from typing import Callable, Dict, List
 
