@@ -451,3 +451,53 @@ def test_mmpretrain_image_classification_inferencer(tmp_path, one_thread):
     with torch.no_grad():
         (ref, ) = model.test_step(pseudo_collate([pipeline(dict(img_path=img))]))
     np.testing.assert_allclose(scores, ref.pred_score.numpy(), rtol=1e-4, atol=1e-7)
+
+
+# ----------------------------------------------------------------------------- mmpretrain
+CLS_SIZE = 32
+
+
+@pytest.fixture(scope='module')
+def cls_runs(tmp_path_factory):
+    """``mim train mmpretrain`` for one epoch (mim finds mmpretrain's shipped train.py), that
+    script's ``--resume`` to two epochs, and its shipped test.py on the last checkpoint."""
+    base = tmp_path_factory.mktemp('toolbox_cls')
+    work = base / 'work'
+    data = str(base / 'data')
+    opts = {}
+    for split in ('train', 'val', 'test'):
+        opts.update({f'{split}_dataloader.dataset.data_root': data,
+                     f'{split}_dataloader.dataset.train_per_class': 2,
+                     f'{split}_dataloader.dataset.val_per_class': 1,
+                     f'{split}_dataloader.dataset.img_size': CLS_SIZE,
+                     f'{split}_dataloader.batch_size': 4})
+    opts.update({'train_dataloader.dataset.pipeline.1.scale': CLS_SIZE,
+                 'default_hooks.logger.interval': 1, 'default_hooks.checkpoint.interval': 1,
+                 'train_cfg.val_interval': 10, 'custom_hooks': []})
+    first = _run(['-m', 'mim', 'train', 'mmpretrain', CLS_CFG, '--gpus', '0', '--work-dir',
+                  work] + _cli(dict(opts, **{'train_cfg.max_epochs': 1})), cwd=base)
+    resumed = _run([toolbox_script('mmpretrain', 'train.py'), CLS_CFG, '--work-dir', work,
+                    '--resume'] + _cli(dict(opts, **{'train_cfg.max_epochs': 2})), cwd=base)
+    tested = _run([toolbox_script('mmpretrain', 'test.py'), CLS_CFG,
+                   str(work / 'epoch_2.pth'), '--work-dir', base / 'test'] + _cli(opts),
+                  cwd=base)
+    return dict(work=work, first=first, resumed=resumed, tested=tested)
+
+
+def test_mim_train_and_mmpretrain_scripts(cls_runs):
+    first, resumed, tested = cls_runs['first'], cls_runs['resumed'], cls_runs['tested']
+    assert re.search(r'Training command is .*mmpretrain[/\\]\.mim[/\\]tools[/\\]train\.py',
+                     first), first[-3000:]
+    assert re.search(r'Epoch\(train\) \[1\]\[2/2\]', first), first[-3000:]
+    assert re.search(r'Auto resumed from the latest checkpoint \S*epoch_1\.pth', resumed)
+    assert 'resumed epoch: 1' in resumed
+    assert re.search(r'Epoch\(train\) \[2\]\[2/2\]', resumed)
+    assert not re.search(r'Epoch\(train\) \[1\]', resumed)  # epoch 1 was not run again
+    assert 'Load checkpoint from' in tested and 'epoch_2.pth' in tested
+    line = re.findall(r'Epoch\(test\) \[1/1\]\s+(.*)', tested)  # by-epoch test log
+    assert line, tested[-3000:]
+    metrics = {k: float(v) for k, v in re.findall(rf'(\S+): ({_NUM})(?=\s|$)', line[-1])}
+    assert set(metrics) >= {'accuracy/top1', 'accuracy/top2'}, metrics
+    assert all(0 <= metrics[k] <= 100 for k in ('accuracy/top1', 'accuracy/top2'))
+    # 4 val images, 4 classes: accuracies are multiples of 25 %
+    assert metrics['accuracy/top1'] % 25 == 0

@@ -48,12 +48,14 @@ test_pipeline = [
 train_dataloader = dict(
     batch_size=16,
     num_workers=0,
+    persistent_workers=False,  # mmpretrain's tools/train.py defaults it to True
     dataset=dict(**synthetic, split='train', pipeline=train_pipeline),
     sampler=dict(type='DefaultSampler', shuffle=True),
 )
 val_dataloader = dict(
     batch_size=16,
     num_workers=0,
+    persistent_workers=False,
     dataset=dict(**synthetic, split='val', pipeline=test_pipeline),
     sampler=dict(type='DefaultSampler', shuffle=False),
 )
