@@ -422,7 +422,7 @@ def test_mmpretrain_image_classification_inferencer(tmp_path, one_thread):
     ImageClassificationInferencer: the weights and class names come from the file."""
     import cv2
     from mmengine.dataset import Compose, pseudo_collate
-    from mmengine.registry import init_default_scope
+    from mmengine.registry import DefaultScope, init_default_scope
 
     from mmpretrain import ImageClassificationInferencer, get_model
     from paca_mm.datasets.synthetic_cls import make_image
@@ -438,8 +438,12 @@ def test_mmpretrain_image_classification_inferencer(tmp_path, one_thread):
     img = str(tmp_path / 'img.png')
     assert cv2.imwrite(img, make_image(1, IMG, np.random.default_rng(0)))
 
-    inferencer = ImageClassificationInferencer(CLS_CFG, pretrained=ckpt, device='cpu')
-    (result, ) = inferencer(img)
+    # the mmseg/mmdet API tests of this module leave their default scope behind, under
+    # which mmpretrain's inferencer looks its transforms up in the wrong registry (a fresh
+    # user process has no such scope); a user mixing toolboxes in one process does the same
+    with DefaultScope.overwrite_default_scope('mmpretrain'):
+        inferencer = ImageClassificationInferencer(CLS_CFG, pretrained=ckpt, device='cpu')
+        (result, ) = inferencer(img)
     assert result['pred_label'] == 2 and result['pred_class'] == 'c2'
     scores = np.asarray(result['pred_scores'])
     assert scores.shape == (4, ) and abs(float(scores.sum()) - 1.0) < 1e-5

@@ -9,6 +9,11 @@ from the latest checkpoint in the work dir, ``--resume CKPT`` from that file. On
 without CUDA: SyncBN -> BN, ``--amp`` -> bf16 autocast, distributed -> gloo (see
 ``paca_mm/utils/runtime.py``). Checkpoints also keep the torch RNG state, so a resumed
 run continues the dropout/drop-path stream exactly (``paca_mm/utils/rng_hook.py``).
+Checkpoints are written atomically (temporary file + ``os.replace``; ``last_checkpoint`` is
+updated after the file is complete), unless the config gives the CheckpointHook its own
+``backend_args``. ``--resume`` checks the checkpoint first: a truncated or corrupt newest
+one is named in a warning and the newest complete one in the work dir is used; with none
+(or a broken ``--resume CKPT``) the run stops with an error naming the files.
 Checkpoints (``--resume``, ``load_from``, a backbone's ``init_cfg``) are loaded weights-only
 plus what mmengine Runner checkpoints contain (``paca_mm/checkpoint.py``); a file that
 pickles other objects is refused unless you trust it: ``--trust-checkpoint`` or
@@ -73,9 +78,13 @@ def main(argv=None):
     notes = runtime.apply_train_args(cfg, amp=args.amp, auto_scale_lr=args.auto_scale_lr,
                                      resume=args.resume)
     notes += runtime.add_rng_state_hook(cfg)
+    notes += runtime.use_atomic_checkpoints(cfg)
+    warnings = runtime.check_resume_checkpoint(cfg)  # CheckpointError: nothing to resume
     runner = runtime.build_runner(cfg)
     for note in notes:
         runner.logger.info(note)
+    for warning in warnings:
+        runner.logger.warning(warning)
     runtime.run_with_checkpoint_hint(runner.train)
 
 
