@@ -83,7 +83,8 @@ def cluster_softmax(logits: torch.Tensor) -> torch.Tensor:
     logits are half precision, and a half-precision assignment of N (up to ~10^5) weights
     per cluster loses most of their bits (see docs/benchmarks.md, "cluster softmax").
     """
-    return logits.softmax(dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
+    return logits.softmax(dim=-1, dtype=torch.float64 if logits.dtype == torch.float64
+                          else torch.float32)
 
 
 class PaCaAttention(nn.Module):
