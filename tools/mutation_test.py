@@ -127,6 +127,9 @@ def _copy_repo(dst: str) -> None:
 def run_tests(repo: str, tests: List[str], timeout: float) -> str:
     """'killed', 'survived' or 'timeout' (a timeout counts as killed: the mutant hangs)."""
     env = dict(os.environ, PYTHONPATH=repo, OMP_NUM_THREADS='1', PYTHONDONTWRITEBYTECODE='1')
+    # the copy lies outside the checkout: point the fixture tests at the checkout's fixtures
+    env.setdefault('PACA_FIXTURES', osp.join(osp.dirname(ROOT), 'shared', 'reference',
+                                             'fixtures'))
     cmd = [sys.executable, '-m', 'pytest', '-x', '-q', '-p', 'no:cacheprovider',
            '-m', 'not slow'] + tests
     try:
