@@ -97,3 +97,23 @@ def test_converter_adapts_clusters_and_checks_arch(tmp_path):
     assert not (tmp_path / 'x.pth').exists()
     res = _convert(tmp_path / 'missing.pth', tmp_path / 'y.pth')
     assert res.returncode != 0 and 'checkpoint not found' in res.stderr
+
+
+@pytest.mark.parametrize('change', ['missing', 'unexpected', 'mismatched'])
+def test_adapt_cluster_layers_refuses_every_other_difference(change):
+    """Only the cluster-count layers are adapted: a checkpoint that also lacks a key, has an
+    extra one, or has another shape elsewhere raises, naming the key."""
+    from paca_mm.checkpoint import adapt_cluster_layers
+    model = PaCaViT(arch=ARCH, num_clusters=(4, 4, 4, 0))
+    sd = dict(PaCaViT(arch=ARCH, num_clusters=(8, 8, 8, 0)).state_dict())
+    assert adapt_cluster_layers(dict(sd), model).keys() == model.state_dict().keys()
+    key = 'stage1.0.attn.q.weight'
+    if change == 'missing':
+        del sd[key]
+    elif change == 'unexpected':
+        key = 'stage1.0.attn.extra.weight'
+        sd[key] = torch.zeros(1)
+    else:
+        sd[key] = torch.zeros(3, 3)
+    with pytest.raises(CheckpointError, match=f'(?s)beyond the cluster count:.*{key}'):
+        adapt_cluster_layers(sd, model)
