@@ -81,7 +81,8 @@ setup(
     include_package_data=True,  # paca_mm/.mim (listed in MANIFEST.in)
     python_requires='>=3.8',
     install_requires=read_requirements('runtime.txt'),
-    extras_require={'tests': read_requirements('tests.txt')},
+    extras_require={'tests': read_requirements('tests.txt'),
+                    'deploy': read_requirements('deploy.txt')},
     license='Apache-2.0',
     classifiers=[
         'License :: OSI Approved :: Apache Software License',

@@ -1,0 +1,255 @@
+"""ONNX export of PaCa models and its check on ONNX Runtime.
+
+Three kinds of graph, each taking the image as loaded (float32, ``(N, 3, H, W)``, 0-255, in
+the channel order of the dataset pipeline: BGR for mmcv's ``LoadImageFromFile``) with H, W
+and N dynamic; the data preprocessor's channel flip and mean/std normalisation are part of
+the graph:
+
+* ``segmentor`` (mmseg): the segmentation logits at the input size, ``(N, K, H, W)``,
+  computed by mmseg's own ``encode_decode`` (so PaCaHead, UperNet, ...).
+* ``classifier`` (mmpretrain): the class scores ``(N, K)`` (softmax, as ``predict`` gives).
+* ``backbone``: the features of every output stage; for an mmdet detector, the backbone plus
+  the neck (FPN), i.e. ``extract_feat``. The RoI heads of Mask R-CNN are not exported: their
+  ONNX form needs mmdeploy's rewriters and its ONNX Runtime custom-op library (RoIAlign,
+  NMS), see ``docs/deployment.md``.
+
+``export_onnx`` writes the file atomically; ``check_onnx`` runs it on ONNX Runtime and
+compares with PyTorch.
+"""
+import copy
+import os
+import tempfile
+from typing import Dict, List, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .models.backbones.paca_vit import PaCaViT
+
+KINDS = ('backbone', 'segmentor', 'classifier')
+
+
+def _scope_of(model: nn.Module) -> str:
+    return type(model).__module__.split('.')[0]
+
+
+def _normalizer(model: nn.Module) -> Tuple[bool, torch.Tensor, torch.Tensor]:
+    """(flip channels?, mean, std) of the model's data preprocessor; identity without one."""
+    pre = getattr(model, 'data_preprocessor', None)
+    flip = bool(getattr(pre, 'channel_conversion', False) or
+                getattr(pre, '_channel_conversion', False) or getattr(pre, 'to_rgb', False))
+    if pre is not None and getattr(pre, '_enable_normalize', False):
+        return flip, pre.mean.detach().clone().view(1, -1, 1, 1), \
+            pre.std.detach().clone().view(1, -1, 1, 1)
+    return flip, torch.zeros(1, 1, 1, 1), torch.ones(1, 1, 1, 1)
+
+
+class _ExportBase(nn.Module):
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        flip, mean, std = _normalizer(model)
+        self.flip = flip
+        self.register_buffer('mean', mean, persistent=False)
+        self.register_buffer('std', std, persistent=False)
+
+    def preprocess(self, img: torch.Tensor) -> torch.Tensor:
+        if self.flip:
+            img = img.flip(1)
+        return (img - self.mean) / self.std
+
+
+class SegmentorExport(_ExportBase):
+    """mmseg segmentor: image ``(N, 3, H, W)`` -> logits ``(N, K, H, W)``."""
+
+    def forward(self, img: torch.Tensor) -> torch.Tensor:
+        x = self.preprocess(img)
+        # img_shape as a torch.Size keeps H and W symbolic in the exported graph
+        metas = [dict(img_shape=x.shape[2:])] * x.shape[0]
+        return self.model.encode_decode(x, metas)
+
+
+class ClassifierExport(_ExportBase):
+    """mmpretrain classifier: image ``(N, 3, H, W)`` -> class scores ``(N, K)``."""
+
+    def forward(self, img: torch.Tensor) -> torch.Tensor:
+        logits = self.model(self.preprocess(img), mode='tensor')
+        return F.softmax(logits, dim=1)
+
+
+class BackboneExport(_ExportBase):
+    """PaCaViT, or a model's ``extract_feat`` (backbone + neck) -> tuple of feature maps."""
+
+    def forward(self, img: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        x = self.preprocess(img)
+        if isinstance(self.model, PaCaViT):
+            return tuple(self.model(x))
+        return tuple(self.model.extract_feat(x))
+
+
+def export_module(model: nn.Module, kind: str) -> nn.Module:
+    """The module whose graph :func:`export_onnx` writes (eval mode)."""
+    if kind not in KINDS:
+        raise ValueError(f'unknown export kind {kind!r}; choose one of {KINDS}')
+    if kind == 'segmentor' and not hasattr(model, 'encode_decode'):
+        raise ValueError(f'kind=segmentor needs an mmseg segmentor, got {type(model).__name__}'
+                         " (use kind='backbone' for its features)")
+    if kind == 'classifier' and _scope_of(model) != 'mmpretrain':
+        raise ValueError(f'kind=classifier needs an mmpretrain classifier, got '
+                         f'{type(model).__name__}')
+    if kind == 'backbone' and not (isinstance(model, PaCaViT) or hasattr(model, 'extract_feat')):
+        raise ValueError(f'kind=backbone needs a PaCaViT or a model with extract_feat, got '
+                         f'{type(model).__name__}')
+    wrapper = {'segmentor': SegmentorExport, 'classifier': ClassifierExport,
+               'backbone': BackboneExport}[kind]
+    return wrapper(model).eval()
+
+
+def default_kind(model: nn.Module) -> str:
+    scope = _scope_of(model)
+    if scope == 'mmseg':
+        return 'segmentor'
+    if scope == 'mmpretrain':
+        return 'classifier'
+    return 'backbone'
+
+
+def _torch_version() -> Tuple[int, int]:
+    major, minor = torch.__version__.split('.')[:2]
+    return int(major), int(minor)
+
+
+def _fixed_grid_pools(model: nn.Module) -> List[str]:
+    """Names of the adaptive pooling layers whose output grid is not 1x1 (e.g. the pyramid
+    pooling of UperNet's head): their ONNX form needs a known input size."""
+    names = []
+    for name, mod in model.named_modules():
+        if isinstance(mod, (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)):
+            size = mod.output_size
+            sizes = size if isinstance(size, (tuple, list)) else (size, size)
+            if any(s != 1 for s in sizes):
+                names.append(f'{name} (output_size={size})')
+    return names
+
+
+class _FixedSizeAdaptivePool(nn.Module):
+    """Adaptive average/max pooling written as one pooling per output bin, for an export at
+    a fixed input size: the ONNX exporter handles ``adaptive_avg_pool2d`` only when the
+    input size is a multiple of the output size (UperNet's 1, 2, 3, 6 grid at 512x512 is
+    not). Bin ``i`` of ``n`` over ``L`` spans ``[floor(i L / n), ceil((i + 1) L / n))``, as
+    in PyTorch."""
+
+    def __init__(self, pool: nn.Module):
+        super().__init__()
+        size = pool.output_size
+        self.output_size = tuple(size) if isinstance(size, (tuple, list)) else (size, size)
+        self.reduce = 'mean' if isinstance(pool, nn.AdaptiveAvgPool2d) else 'amax'
+
+    @staticmethod
+    def _bins(length: int, n: int) -> List[Tuple[int, int]]:
+        return [(i * length // n, -(-(i + 1) * length // n)) for i in range(n)]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, w = int(x.shape[-2]), int(x.shape[-1])
+        oh = self.output_size[0] if self.output_size[0] is not None else h
+        ow = self.output_size[1] if self.output_size[1] is not None else w
+        rows = []
+        for h0, h1 in self._bins(h, oh):
+            cells = [getattr(x[..., h0:h1, w0:w1], self.reduce)(dim=(-2, -1))
+                     for w0, w1 in self._bins(w, ow)]
+            rows.append(torch.stack(cells, dim=-1))
+        return torch.stack(rows, dim=-2)
+
+
+def _with_fixed_size_pools(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` whose fixed-grid adaptive pools are :class:`_FixedSizeAdaptivePool`
+    (the model itself is left as it is)."""
+    if not _fixed_grid_pools(model):
+        return model
+    model = copy.deepcopy(model)
+    for name, mod in list(model.named_modules()):
+        if isinstance(mod, (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)):
+            parent_name, _, child = name.rpartition('.')
+            parent = model.get_submodule(parent_name) if parent_name else model
+            setattr(parent, child, _FixedSizeAdaptivePool(mod))
+    return model
+
+
+def export_onnx(model: nn.Module, out_file: str, kind: str, shape: Sequence[int] = (512, 512),
+                opset: int = 17, batch: int = 1, dynamic_hw: bool = True) -> List[str]:
+    """Export ``model`` as ``kind`` to ``out_file`` (written atomically), with dynamic batch
+    and, unless ``dynamic_hw=False``, dynamic height and width; ``shape`` (H, W) is the size
+    of the example input (the only size a static export accepts). Returns the output names."""
+    module = export_module(model, kind)
+    pools = _fixed_grid_pools(model) if dynamic_hw else []
+    if pools:
+        raise ValueError(
+            'cannot export with dynamic H and W: adaptive pooling to a fixed grid has no ONNX '
+            f'form for an unknown input size, in {", ".join(pools)}. Export at one size '
+            '(dynamic_hw=False; --static-hw --shape H W in tools/deployment/pytorch2onnx.py)')
+    if not dynamic_hw:
+        module = export_module(_with_fixed_size_pools(model), kind)
+    example = torch.rand(batch, 3, int(shape[0]), int(shape[1])) * 255
+    with torch.no_grad():
+        outs = module(example)
+    n_out = len(outs) if isinstance(outs, tuple) else 1
+    names = ['logits' if kind == 'segmentor' else 'scores'] if n_out == 1 and kind != 'backbone' \
+        else [f'feat{i}' for i in range(n_out)]
+    dynamic: Dict[str, Dict[int, str]] = {
+        'img': {0: 'batch', 2: 'height', 3: 'width'} if dynamic_hw else {0: 'batch'}}
+    for name in names:
+        dynamic[name] = {0: 'batch'} if kind == 'classifier' or not dynamic_hw else \
+            {0: 'batch', 2: f'{name}_height', 3: f'{name}_width'}
+    kwargs = {}
+    if _torch_version() >= (2, 5):
+        # the TorchScript-based exporter, as in torch 2.1 (torch >= 2.9 defaults to dynamo)
+        kwargs['dynamo'] = False
+    folder = os.path.dirname(os.path.abspath(out_file))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix='.onnx.tmp', dir=folder)
+    os.close(fd)
+    try:
+        torch.onnx.export(module, (example,), tmp, input_names=['img'], output_names=names,
+                          dynamic_axes=dynamic, opset_version=opset, **kwargs)
+        os.replace(tmp, out_file)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return names
+
+
+def check_onnx(model: nn.Module, onnx_file: str, kind: str,
+               shapes: Sequence[Sequence[int]], rtol: float = 1e-4) -> List[Dict]:
+    """Run ``onnx_file`` on ONNX Runtime (CPU) for an input of every (N, H, W) in ``shapes``
+    and compare each output with PyTorch's; raises ``AssertionError`` naming the output
+    and the error when ``max|ort - torch| / max|torch|`` exceeds ``rtol``. Returns one dict
+    per shape with the errors."""
+    import onnxruntime as ort
+    module = export_module(model, kind)
+    session = ort.InferenceSession(onnx_file, providers=['CPUExecutionProvider'])
+    names = [o.name for o in session.get_outputs()]
+    report = []
+    gen = torch.Generator().manual_seed(0)
+    for n, h, w in shapes:
+        img = torch.rand(n, 3, h, w, generator=gen) * 255
+        with torch.no_grad():
+            ref = module(img)
+        ref = list(ref) if isinstance(ref, (tuple, list)) else [ref]
+        got = session.run(None, {'img': img.numpy()})
+        if len(got) != len(ref):
+            raise AssertionError(f'{onnx_file}: {len(got)} outputs, PyTorch gives {len(ref)}')
+        errors = {}
+        for name, r, g in zip(names, ref, got):
+            g = torch.from_numpy(g)
+            if g.shape != r.shape:
+                raise AssertionError(f'{onnx_file}: output {name} at input {(n, 3, h, w)} has '
+                                     f'shape {tuple(g.shape)}, PyTorch {tuple(r.shape)}')
+            err = float((g - r).abs().max() / r.abs().max().clamp_min(1e-12))
+            if not err <= rtol:
+                raise AssertionError(f'{onnx_file}: output {name} at input {(n, 3, h, w)} '
+                                     f'differs from PyTorch by {err:.3g} relative (> {rtol})')
+            errors[name] = err
+        report.append(dict(shape=(n, 3, h, w), errors=errors))
+    return report
