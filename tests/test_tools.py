@@ -387,6 +387,7 @@ def test_train_then_test_tools(tmp_path, tiny_data):
                 str(preds), '--show-dir', str(vis), '--interval', '1']
                + _data_options(tiny_data), cwd=tmp_path)
     assert 'Load checkpoint from' in out
+    assert 'CPU inference pass applied (paca_mm.fuse_for_cpu_inference) to 1 PaCaViT' in out
     m = re.search(r'Iter\(test\) \[2/2\].*mIoU: ([0-9.]+)', out)
     assert m, out[-3000:]
     # the same checkpoint on the same 2 images as the validation at iteration 6: the same
@@ -464,3 +465,5 @@ def test_dist_train_two_cpu_processes(tmp_path, tiny_data):
     assert proc.returncode == 0, out[-6000:]
     assert '[paca_mm] rank 1/2 ready (backend gloo)' in out
     assert re.search(r'Iter\(test\) \[1/1\].*mIoU: [0-9.]+', out), out[-3000:]
+    # the CPU inference pass on the DDP-wrapped model (rank 0 logs)
+    assert 'CPU inference pass applied (paca_mm.fuse_for_cpu_inference) to 1 PaCaViT' in out

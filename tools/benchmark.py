@@ -14,6 +14,7 @@ Example::
 """
 import argparse
 import contextlib
+import copy
 import csv
 import json
 import os
@@ -61,6 +62,18 @@ def build(name, device):
     model = DET_MODELS.build(dict(MODELS[name])).to(device)
     model.eval()  # (mmdet's SwinTransformer.train() returns None: don't chain)
     return model
+
+
+def for_inference(model, device, fuse, copy_model=True):
+    """The model the forward (inference) figures use: on the CPU, with ``fuse``, a PaCa
+    model after the CPU inference pass (``paca_mm.fuse_for_cpu_inference``, in place, so
+    a copy when the model is also trained for the fwd+bwd figures); else ``model``."""
+    from paca_mm import fuse_for_cpu_inference
+    from paca_mm.models.backbones import PaCaViT
+    if not fuse or torch.device(device).type != 'cpu' or \
+            not any(isinstance(m, PaCaViT) for m in model.modules()):
+        return model
+    return fuse_for_cpu_inference(copy.deepcopy(model) if copy_model else model)
 
 
 def _sync(device):
@@ -144,10 +157,10 @@ def _peak_rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def memory_worker(name, size, device, amp):
+def memory_worker(name, size, device, amp, fuse):
     """Run in a fresh process: peak forward memory growth in MB (inference)."""
     torch.set_num_threads(int(os.environ.get('BENCH_THREADS', '2')))
-    model = build(name, device)
+    model = for_inference(build(name, device), device, fuse, copy_model=False)
     x = torch.randn(1, 3, *parse_size(size), device=device)
     if device.startswith('cuda'):
         torch.cuda.synchronize(device)
@@ -165,7 +178,8 @@ def memory_worker(name, size, device, amp):
 
 def measure_memory(name, size, args):
     cmd = [sys.executable, osp.abspath(__file__), '--memory-worker', name, size,
-           '--device', args.device] + (['--amp'] if args.amp else [])
+           '--device', args.device] + (['--amp'] if args.amp else []) + \
+        (['--no-fuse'] if args.no_fuse else [])
     env = dict(os.environ, BENCH_THREADS=str(args.threads))
     res = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if res.returncode:
@@ -178,6 +192,10 @@ def run(args):
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     models = {n: build(n, args.device) for n in args.models}
+    infer = {n: for_inference(m, args.device, not args.no_fuse) for n, m in models.items()}
+    fused = [n for n in models if infer[n] is not models[n]]
+    print(f'forward figures with the CPU inference pass: {", ".join(fused) or "none"}'
+          + (' (--no-fuse)' if args.no_fuse else ''), flush=True)
     rows = []
     for size in args.sizes:
         shape = parse_size(size)
@@ -186,11 +204,11 @@ def run(args):
         faults = {n: [] for n in models}
         steal = {n: [] for n in models}
         fb = {n: [] for n in models}
-        for n, m in models.items():  # warm-up
+        for n, m in infer.items():  # warm-up
             for _ in range(args.warmup):
                 time_forward(m, x, args.device, args.amp)
         for _ in range(args.repeats):  # interleaved
-            for n, m in models.items():
+            for n, m in infer.items():
                 t, f, s = time_forward(m, x, args.device, args.amp, args.threads)
                 fwd[n].append(t)
                 faults[n].append(f)
@@ -255,7 +273,9 @@ def to_markdown(rows, args):
         f'CPU, {args.threads} threads'
     malloc = 'freed memory kept in the heap (--malloc-keep)' if args.malloc_keep else \
         'default glibc malloc'
-    return (f'Device: {dev}; torch {torch.__version__}; amp={args.amp}; {malloc}; '
+    fuse = 'CPU inference pass off (--no-fuse)' if args.no_fuse or \
+        not args.device.startswith('cpu') else 'PaCa forwards after the CPU inference pass'
+    return (f'Device: {dev}; torch {torch.__version__}; amp={args.amp}; {malloc}; {fuse}; '
             f'ratios to {REFERENCE} in parentheses; batch 1; median of '
             f'{args.repeats} interleaved runs; fwd steal %: median share of the vCPU time '
             'that the hypervisor took during a forward (/proc/stat; a share s slows that forward by up to 1 / (1 - s))'
@@ -292,6 +312,9 @@ def main(argv=None):
     p.add_argument('--threads', type=int, default=2)
     p.add_argument('--repeats', type=int, default=5)
     p.add_argument('--warmup', type=int, default=1)
+    p.add_argument('--no-fuse', action='store_true',
+                   help='CPU forward figures without the CPU inference pass '
+                   '(paca_mm.fuse_for_cpu_inference, applied to PaCa models by default)')
     p.add_argument('--skip-backward', action='store_true')
     p.add_argument('--skip-memory', action='store_true')
     p.add_argument('--flops', action='store_true', help='also count MACs')
@@ -324,7 +347,7 @@ def main(argv=None):
         os.execve(sys.executable, [sys.executable, osp.abspath(__file__)] + argv,
                   dict(os.environ, **MALLOC_KEEP))
     if args.memory_worker:
-        mem = memory_worker(*args.memory_worker, args.device, args.amp)
+        mem = memory_worker(*args.memory_worker, args.device, args.amp, not args.no_fuse)
         print(json.dumps({'mem_mb': mem}))
         return
     if REFERENCE not in args.models:
