@@ -80,6 +80,8 @@ def main(argv=None):
     notes += runtime.add_rng_state_hook(cfg)
     notes += runtime.use_atomic_checkpoints(cfg)
     warnings = runtime.check_resume_checkpoint(cfg)  # CheckpointError: nothing to resume
+    compile_warning = runtime.compiled_adam_lr_zero(cfg)
+    warnings += [compile_warning] if compile_warning else []
     runner = runtime.build_runner(cfg)
     for note in notes:
         runner.logger.info(note)

@@ -305,6 +305,38 @@ def apply_train_args(cfg: Config, amp: bool = False, auto_scale_lr: bool = False
     return notes
 
 
+def compiled_adam_lr_zero(cfg: Config) -> Optional[str]:
+    """A warning when the config trains with ``compile`` and an Adam-family optimizer while
+    a parameter scheduler takes the learning rate to 0 (``PolyLR``/``CosineAnnealingLR``
+    with ``eta_min`` 0, ``LinearLR`` with ``end_factor`` 0); else None.
+
+    mmengine compiles ``train_step``, optimizer step included, and torch's compiled Adam
+    folds the step size into the denominator: at lr = 0 an element whose second moment is
+    0 gets 0 / -0 = NaN (pytorch/pytorch#126514; seen here with torch 2.14.1: a tiny
+    segmentation run ends with NaN weights in its last iteration, where PolyLR reaches 0).
+    """
+    if not cfg.get('compile'):
+        return None
+    optim = (cfg.get('optim_wrapper') or {}).get('optimizer') or {}
+    if 'adam' not in str(optim.get('type', '')).lower():
+        return None
+    schedulers = cfg.get('param_scheduler') or []
+    if isinstance(schedulers, dict):
+        schedulers = [schedulers]
+    for sched in schedulers:
+        kind = str(sched.get('type', '')).split('.')[-1]
+        to_zero = (kind in ('PolyLR', 'CosineAnnealingLR') and not sched.get('eta_min') and
+                   not sched.get('eta_min_ratio')) or \
+            (kind == 'LinearLR' and sched.get('end_factor', 1.0) == 0)
+        if to_zero:
+            return (f'compile is on with {optim.get("type")} and {kind} takes the learning '
+                    'rate to 0: torch\'s compiled Adam step writes NaN into parameters whose '
+                    'second moment is 0 when lr is 0 (pytorch/pytorch#126514). Keep the '
+                    f'final lr above 0 (e.g. {kind} eta_min=1e-8 / end_factor=1e-6) or '
+                    'train without compile.')
+    return None
+
+
 def add_rng_state_hook(cfg: Config) -> List[str]:
     """Append :class:`paca_mm.utils.rng_hook.RNGStateHook` to ``cfg.custom_hooks`` (once)
     so checkpoints carry the torch RNG state and ``--resume`` continues it exactly."""

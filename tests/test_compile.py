@@ -1,0 +1,120 @@
+"""torch.compile: the PaCa modules trace into one graph (no graph break) for every
+clustering kind, sharing, the teacher and plain attention, alone and inside the PaCaHead
+segmentor; and training works through mmengine's ``compile`` config option (the Runner
+compiles ``train_step``), with the same weights as an eager run.
+
+The training run uses the ``aot_eager`` backend (dynamo's capture and AOT autograd, the
+same graphs inductor gets) to keep the suite's time; inductor's first iteration on this
+tiny model takes minutes of C++ compilation on 2 cores. The graph breaks that remain in
+such a run are outside paca_mm: mmseg's ``accuracy`` (``nonzero``) and mmengine's
+optimizer wrapper (``loss.backward()``).
+
+mmengine compiles ``train_step`` with the optimizer step in it, and torch's compiled Adam
+writes NaN where the second moment is 0 when lr = 0 (pytorch/pytorch#126514): the tiny
+config's PolyLR reaches 0 in its last iteration, so the run here keeps eta_min above 0, and
+tools/train.py warns about such a schedule (tested below)."""
+import importlib.util
+import os.path as osp
+
+import pytest
+import torch
+import torch._dynamo
+
+import paca_mm  # noqa: F401
+from paca_mm.models.backbones import PaCaViT
+from paca_mm.visualization.inference import build_model
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+CONFIG = osp.join(ROOT, 'tests', 'data', 'tools_tiny_seg.py')
+SEG = osp.join(ROOT, 'configs', 'demo', 'pacahead_tiny_synthetic_seg.py')
+ARCH = dict(embed_dims=(16, 24, 32, 40), depths=(1, 2, 1, 1), num_heads=(1, 2, 2, 4))
+
+
+def _graph_breaks(fn, *args):
+    torch._dynamo.reset()
+    out = torch._dynamo.explain(fn)(*args)
+    torch._dynamo.reset()
+    return out.graph_count, out.graph_break_count, [str(r.reason)[:300]
+                                                    for r in out.break_reasons]
+
+
+@pytest.mark.parametrize('kwargs', [
+    dict(clustering='conv', num_clusters=(4, 4, 4, 0)),
+    dict(clustering='mlp', num_clusters=(4, 4, 4, 0)),
+    dict(clustering='linear', num_clusters=(5, 4, 3, 2), cluster_sharing='stage'),
+    dict(num_clusters=(4, 4, 4, 4), cluster_sharing='block'),
+    dict(num_clusters=(4, 4, 4, 4), teacher=dict(depths=(1,) * 4)),
+    dict(num_clusters=(0, 0, 0, 0)),
+    dict(num_clusters=(4, 4, 4, 0), drop_path_rate=0.1, layer_scale=1e-5),
+], ids=['conv', 'mlp', 'linear-stage', 'block-sharing', 'teacher', 'plain', 'droppath-ls'])
+@pytest.mark.parametrize('train', [True, False], ids=['train', 'eval'])
+def test_backbone_has_no_graph_break(kwargs, train):
+    torch.manual_seed(0)
+    model = PaCaViT(arch=ARCH, **kwargs).train(train)
+    graphs, breaks, reasons = _graph_breaks(model, torch.randn(2, 3, 45, 61))
+    assert (graphs, breaks) == (1, 0), reasons
+
+
+def test_segmentor_forward_has_no_graph_break():
+    """Backbone + PaCaHead (mmseg's ``_forward``: features -> logits) in one graph."""
+    torch.manual_seed(0)
+    model = build_model(SEG).train()
+    graphs, breaks, reasons = _graph_breaks(model._forward, torch.randn(2, 3, 64, 80))
+    assert (graphs, breaks) == (1, 0), reasons
+
+
+def _train_tool():
+    spec = importlib.util.spec_from_file_location('_paca_tool_train_compile',
+                                                  osp.join(ROOT, 'tools', 'train.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_training_through_mmengine_compile(tmp_path):
+    from torch._dynamo.utils import counters
+
+    from paca_mm.checkpoint import load_checkpoint_file
+    from paca_mm.datasets.synthetic_seg import generate_synthetic_seg
+    root = generate_synthetic_seg(str(tmp_path / 'data'), num_train=4, num_val=2,
+                                  size=(32, 32), seed=0)
+    data = [f'{s}_dataloader.dataset.data_root={root}' for s in ('train', 'val', 'test')] + \
+        ['param_scheduler.0.eta_min=1e-5']
+    train = _train_tool()
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        train.main([CONFIG, '--work-dir', str(tmp_path / 'compiled'), '--cfg-options',
+                    'compile.backend=aot_eager'] + data)
+        graphs = counters['stats']['unique_graphs']
+    finally:
+        torch._dynamo.reset()
+    assert graphs > 0  # the Runner's torch.compile really traced train_step
+    train.main([CONFIG, '--work-dir', str(tmp_path / 'eager'), '--cfg-options'] + data)
+    compiled = load_checkpoint_file(str(tmp_path / 'compiled' / 'iter_6.pth'))['state_dict']
+    eager = load_checkpoint_file(str(tmp_path / 'eager' / 'iter_6.pth'))['state_dict']
+    assert compiled.keys() == eager.keys()
+    initial = build_model(CONFIG).state_dict()  # (seeded init differs: only a sanity check)
+    moved = 0
+    for k, v in eager.items():
+        torch.testing.assert_close(compiled[k], v, rtol=1e-4, atol=1e-5)
+        moved += k in initial and v.is_floating_point() and not torch.equal(v, initial[k])
+    assert moved > 0
+
+
+def test_warning_for_compiled_adam_at_lr_zero():
+    from mmengine.config import Config
+
+    from paca_mm.utils.runtime import compiled_adam_lr_zero
+    cfg = Config.fromfile(CONFIG)  # AdamW, PolyLR to eta_min=0
+    assert compiled_adam_lr_zero(cfg) is None  # no compile
+    cfg.compile = True
+    msg = compiled_adam_lr_zero(cfg)
+    assert msg and 'AdamW and PolyLR takes the learning rate to 0' in msg and '#126514' in msg
+    cfg.param_scheduler[0].eta_min = 1e-8
+    assert compiled_adam_lr_zero(cfg) is None
+    cfg.param_scheduler = [dict(type='LinearLR', start_factor=1.0, end_factor=0.0)]
+    assert 'LinearLR takes' in compiled_adam_lr_zero(cfg)
+    cfg.optim_wrapper.optimizer = dict(type='SGD', lr=0.01)
+    assert compiled_adam_lr_zero(cfg) is None
