@@ -26,7 +26,7 @@ def _registry(toolbox: str, name: str):
 
 def _register(toolbox: str, registry_name: str, module, names=None):
     registry = _registry(toolbox, registry_name)
-    if registry is None:
+    if registry is None or module is None:  # toolbox (or the part `module` needs) missing
         return
     for name in names or [module.__name__]:
         if name not in registry.module_dict:
@@ -49,6 +49,13 @@ def register_all():
     from .datasets.synthetic_cls import SyntheticClsDataset  # None without mmpretrain
     _register('mmpretrain', 'DATASETS', SyntheticClsDataset,
               names=['SyntheticClsDataset', 'PaCaSyntheticCls'])
+    # mmdet's CocoDataset / mmseg's BaseSegDataset whose bad-file errors name file + dataset
+    from .datasets.synthetic_coco import SyntheticCocoDataset  # None without mmdet
+    _register('mmdet', 'DATASETS', SyntheticCocoDataset,
+              names=['SyntheticCocoDataset', 'PaCaSyntheticCoco'])
+    from .datasets.synthetic_seg import SyntheticSegDataset  # None without mmseg
+    _register('mmseg', 'DATASETS', SyntheticSegDataset,
+              names=['SyntheticSegDataset', 'PaCaSyntheticSeg'])
     from .utils.cpu_wrappers import CPUAmpOptimWrapper, CPUDistributedDataParallel  # tools, CPU
     _register('mmengine', 'OPTIM_WRAPPERS', CPUAmpOptimWrapper)
     _register('mmengine', 'MODEL_WRAPPERS', CPUDistributedDataParallel)

@@ -67,7 +67,7 @@ train_dataloader = dict(
     sampler=dict(type='InfiniteSampler', shuffle=True),
     batch_sampler=dict(type='AspectRatioBatchSampler'),
     dataset=dict(
-        type='CocoDataset',
+        type='PaCaSyntheticCoco',  # CocoDataset + errors naming a bad file and the dataset
         data_root=data_root,
         metainfo=dict(classes=classes, palette=palette),
         ann_file='annotations/instances_train.json',
@@ -85,7 +85,7 @@ test_dataloader = dict(
     drop_last=False,
     sampler=dict(type='DefaultSampler', shuffle=False),
     dataset=dict(
-        type='CocoDataset',
+        type='PaCaSyntheticCoco',  # CocoDataset + errors naming a bad file and the dataset
         data_root=data_root,
         metainfo=dict(classes=classes, palette=palette),
         ann_file='annotations/instances_val.json',

@@ -40,7 +40,7 @@ test_pipeline = [
     dict(type='PackSegInputs'),
 ]
 _dataset = dict(
-    type='BaseSegDataset',
+    type='PaCaSyntheticSeg',  # BaseSegDataset + errors naming a bad file and the dataset
     data_root=data_root,
     metainfo=dict(classes=classes, palette=palette),
     img_suffix='.png',

@@ -29,6 +29,8 @@ from typing import List
 
 import numpy as np
 
+from .bad_data import BadDataErrorsMixin
+
 GENERATOR_VERSION = 1
 SHAPES = ('circle', 'square', 'triangle', 'cross', 'ring', 'bar', 'diamond', 'stripes')
 # BGR colours (images are written with cv2)
@@ -151,8 +153,11 @@ except ImportError:  # mmpretrain not installed: only the generator is available
 
 if CustomDataset is not None:
 
-    class SyntheticClsDataset(CustomDataset):
+    class SyntheticClsDataset(BadDataErrorsMixin, CustomDataset):
         """mmpretrain ``CustomDataset`` over :func:`generate_synthetic_cls` output.
+
+        A missing or corrupt image raises an error naming the file and the dataset
+        (:mod:`paca_mm.datasets.bad_data`).
 
         Args:
             data_root: dataset folder; generated there on first use.
@@ -161,6 +166,8 @@ if CustomDataset is not None:
                 arguments (see :func:`generate_synthetic_cls`).
             **kwargs: passed to ``CustomDataset`` (``pipeline``, ``test_mode`` ...).
         """
+        bad_data_hint = ('The generated data under {data_root} is damaged: delete that folder '
+                         'and run again (SyntheticClsDataset generates it on first use).')
 
         def __init__(self, data_root: str, split: str = 'train', num_classes: int = 4,
                      train_per_class: int = 16, val_per_class: int = 4, img_size: int = 64,

@@ -20,7 +20,9 @@ So both COCO mask encodings go through mmdet's ``LoadAnnotations`` and pycocotoo
       val/000000.png ...
 
 The same arguments always give byte-identical files; an existing folder with matching
-``meta.json`` is reused (see :func:`generate_synthetic_coco`).
+``meta.json`` is reused (see :func:`generate_synthetic_coco`). ``SyntheticCocoDataset``
+(registered in mmdet as ``PaCaSyntheticCoco`` too) is mmdet's ``CocoDataset`` whose errors
+for a missing or corrupt image name the file and the dataset (:mod:`.bad_data`).
 """
 import json
 import os
@@ -28,6 +30,8 @@ import os.path as osp
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+
+from .bad_data import BadDataErrorsMixin
 
 GENERATOR_VERSION = 2
 CATEGORIES = ({'id': 1, 'name': 'circle', 'supercategory': 'shape'},
@@ -236,6 +240,24 @@ def generate_synthetic_coco(root: str, num_train: int = 64, num_val: int = 16,
     with open(meta_file, 'w') as f:  # written last: marks a complete dataset
         json.dump(args, f)
     return out
+
+
+try:
+    from mmdet.datasets import CocoDataset
+except ImportError:  # mmdet not installed: only the generator is available
+    CocoDataset = None
+
+if CocoDataset is not None:
+
+    class SyntheticCocoDataset(BadDataErrorsMixin, CocoDataset):
+        """mmdet ``CocoDataset`` (same arguments) with clear errors for missing or corrupt
+        images: building checks that the images the annotation file points at exist, and a
+        sample that fails to load names its file (:mod:`paca_mm.datasets.bad_data`)."""
+        bad_data_hint = ('If this is generated demo data, delete {data_root} and generate it '
+                         'again (python -m paca_mm.demo.det --data-root {data_root} does); '
+                         'otherwise fix the file or its entry in {ann_file}.')
+else:  # pragma: no cover
+    SyntheticCocoDataset = None
 
 
 def main(argv: Optional[List[str]] = None):

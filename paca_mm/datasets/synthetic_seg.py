@@ -17,7 +17,10 @@ label  class         drawn as
 Label convention: 0 is a **real class** (background), not "ignored" as in ADE20k's
 ``reduce_zero_label`` convention, so the data is read by mmseg's plain ``BaseSegDataset``
 with ``metainfo=METAINFO`` and ``reduce_zero_label=False`` (see
-``configs/demo/pacahead_tiny_synthetic_seg.py``). Label PNGs are single-channel uint8.
+``configs/demo/pacahead_tiny_synthetic_seg.py``; it uses ``SyntheticSegDataset``, registered
+as ``PaCaSyntheticSeg`` too: a ``BaseSegDataset`` whose errors for a missing or corrupt image
+or label map name the file and the dataset, see :mod:`.bad_data`). Label PNGs are
+single-channel uint8.
 Layout (as ADEChallengeData2016)::
 
     root/
@@ -39,6 +42,8 @@ from typing import Dict, Tuple
 
 import numpy as np
 from PIL import Image
+
+from .bad_data import BadDataErrorsMixin
 
 GENERATOR_VERSION = 1
 CLASSES = ('background', 'disc', 'square', 'triangle')
@@ -167,6 +172,24 @@ def class_frequencies(root: str, split: str = 'validation') -> Dict[str, float]:
         label = np.asarray(Image.open(osp.join(ann_dir, name)))
         counts += np.bincount(label.ravel(), minlength=len(CLASSES))[:len(CLASSES)]
     return {c: float(n) / max(int(counts.sum()), 1) for c, n in zip(CLASSES, counts)}
+
+
+try:
+    from mmseg.datasets import BaseSegDataset
+except ImportError:  # mmseg not installed: only the generator is available
+    BaseSegDataset = None
+
+if BaseSegDataset is not None:
+
+    class SyntheticSegDataset(BadDataErrorsMixin, BaseSegDataset):
+        """mmseg ``BaseSegDataset`` (same arguments) with clear errors for missing or corrupt
+        images and label maps: building checks that every sample's files exist, and a sample
+        that fails to load names its file (:mod:`paca_mm.datasets.bad_data`)."""
+        bad_data_hint = ('If this is generated demo data, delete {data_root} and generate it '
+                         'again (python -m paca_mm.demo.seg --data-root {data_root} does); '
+                         'otherwise replace or remove the file.')
+else:  # pragma: no cover
+    SyntheticSegDataset = None
 
 
 def main():
