@@ -121,6 +121,12 @@ def _torch_version() -> Tuple[int, int]:
     return int(major), int(minor)
 
 
+def exporter_kwargs() -> Dict[str, bool]:
+    """Extra ``torch.onnx.export`` arguments that pick the TorchScript-based exporter on
+    every torch (the one torch 2.1 has; torch >= 2.9 defaults to the dynamo exporter)."""
+    return {'dynamo': False} if _torch_version() >= (2, 5) else {}
+
+
 def _fixed_grid_pools(model: nn.Module) -> List[str]:
     """Names of the adaptive pooling layers whose output grid is not 1x1 (e.g. the pyramid
     pooling of UperNet's head): their ONNX form needs a known input size."""
@@ -202,17 +208,13 @@ def export_onnx(model: nn.Module, out_file: str, kind: str, shape: Sequence[int]
     for name in names:
         dynamic[name] = {0: 'batch'} if kind == 'classifier' or not dynamic_hw else \
             {0: 'batch', 2: f'{name}_height', 3: f'{name}_width'}
-    kwargs = {}
-    if _torch_version() >= (2, 5):
-        # the TorchScript-based exporter, as in torch 2.1 (torch >= 2.9 defaults to dynamo)
-        kwargs['dynamo'] = False
     folder = os.path.dirname(os.path.abspath(out_file))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix='.onnx.tmp', dir=folder)
     os.close(fd)
     try:
         torch.onnx.export(module, (example,), tmp, input_names=['img'], output_names=names,
-                          dynamic_axes=dynamic, opset_version=opset, **kwargs)
+                          dynamic_axes=dynamic, opset_version=opset, **exporter_kwargs())
         os.replace(tmp, out_file)
     finally:
         if os.path.exists(tmp):

@@ -140,9 +140,9 @@ def test_benchmark_forward_figures(tmp_path, spy, no_fuse, capsys):
     n = _n_ffn(tool.build('paca_tiny', 'cpu'))
     if no_fuse:
         assert _SpyFFN.calls == 0
-        assert 'forward figures with the CPU inference pass: none (--no-fuse)' in out
+        assert 'forward figures without the CPU inference pass (--no-fuse)' in out
         assert 'CPU inference pass off (--no-fuse)' in md
     else:
         assert _SpyFFN.calls == 3 * n  # 1 warm-up + 2 timed forwards; no fwd+bwd call
-        assert 'forward figures with the CPU inference pass: paca_tiny\n' in out
+        assert 'fused: the CPU inference pass applied to paca_tiny;' in out
         assert 'PaCa forwards after the CPU inference pass' in md

@@ -40,11 +40,14 @@ def test_dry_run_writes_the_report(tmp_path):
         row = re.search(rf'^\| {model} \| 64x64 \|(.*)\|$', report, re.M)
         assert row, report
         cells = [c.strip() for c in row.group(1).split('|')]
-        # params, fwd fp32, fwd AMP, fwd+bwd fp32, fwd+bwd AMP, memory fp32, memory AMP:
+        # params, fwd fp32, fwd AMP, fwd+bwd fp32, fwd+bwd AMP, memory fp32, memory AMP, train
+        # memory fp32, train memory AMP:
         # every figure measured, each from the run its column names
-        expected = [fp32[model]['params_m'], fp32[model]['fwd_ms'], amp[model]['fwd_ms'],
-                    fp32[model]['fwd_bwd_ms'], amp[model]['fwd_bwd_ms'],
-                    fp32[model]['mem_mb'], amp[model]['mem_mb']]
+        # (one engine per run: its figure is the best one)
+        expected = [fp32[model]['params_m'], fp32[model]['best_fwd_ms'],
+                    amp[model]['best_fwd_ms'], fp32[model]['fwd_bwd_ms'],
+                    amp[model]['fwd_bwd_ms'], fp32[model]['mem_mb'], amp[model]['mem_mb'],
+                    fp32[model]['train_mem_mb'], amp[model]['train_mem_mb']]
         assert cells == [f'{float(v):.1f}' for v in expected], (cells, expected)
     train = re.search(r'^\| 1 \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| – \|$', report, re.M)
     assert train, report  # one iteration, finite loss, a time; no CUDA memory on the CPU

@@ -1,16 +1,28 @@
 #!/usr/bin/env python
-"""Side-by-side backbone benchmark: PaCa-ViT vs mmdet's PVTv2 and Swin.
+"""Side-by-side backbone benchmark: PaCa-ViT vs mmdet's PVTv2 and Swin, engine by engine.
 
-For every model and input size, in one process and one run (interleaved, so machine noise
-hits all models alike): forward latency (median of repeated runs after warm-up),
-forward+backward latency, peak forward memory (inference; each measured in a fresh
-subprocess as the growth of max RSS on CPU, ``max_memory_allocated`` on CUDA), parameters
-and FLOPs (fvcore-style MACs, attention products counted). Prints a table with every figure
-as a ratio to PVTv2-B2 and writes CSV + Markdown (+ a PNG plot) to ``--out``.
+For every model and input size, in one process and one run (models and engines interleaved,
+so machine noise hits all alike):
+
+* inference forward latency in each ``--engine`` (median of repeated runs after warm-up):
+  ``eager`` (the model as built), ``fused`` (after ``paca_mm.fuse_for_cpu_inference``;
+  models without PaCa modules run as built), ``compile`` (``torch.compile``, inductor with
+  freezing) and ``onnxruntime`` (exported with ``torch.onnx`` at that size, run by ONNX
+  Runtime on the CPU); each model's best engine;
+* training: forward+backward latency of ``sum(mean(out_i))`` in train mode (eager) and the
+  peak memory of one training step;
+* peak inference-forward memory (``fused`` if listed, else ``eager``); parameters; MACs.
+
+Memory is measured in a fresh subprocess per model and size: the growth of the peak RSS on
+the CPU, ``max_memory_allocated`` on CUDA. Every figure is also given as a ratio to PVTv2-B2
+within its engine, and a second table divides each PaCa model by each peer, engine by engine
+and best engine against best engine. Writes CSV + Markdown (+ a PNG plot) to ``--out``.
 
 Example::
 
-    python tools/benchmark.py --models paca_small pvt_v2_b2 swin_t --sizes 800x1280 1024
+    python tools/benchmark.py --models paca_small pvt_v2_b2 swin_t --sizes 224 800x1280 \\
+        --engine eager fused compile onnxruntime
+    python tools/benchmark.py --sizes 512:2 800x1280:1 --engine eager   # batch 2 at 512²
 """
 import argparse
 import contextlib
@@ -23,6 +35,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -42,6 +55,7 @@ MODELS = {
                    num_heads=[3, 6, 12, 24], window_size=7),
 }
 REFERENCE = 'pvt_v2_b2'
+ENGINES = ('eager', 'fused', 'compile', 'onnxruntime')
 # glibc: serve allocations up to 32 MB (its maximum) from the heap and never return freed
 # heap memory to the OS, so re-allocated tensors reuse already-mapped pages.
 MALLOC_KEEP = {'MALLOC_MMAP_THRESHOLD_': str(32 << 20), 'MALLOC_TRIM_THRESHOLD_': str(1 << 40),
@@ -50,8 +64,25 @@ DEFAULT_SIZES = ['224', '512', '800x1280', '1024']
 
 
 def parse_size(s):
-    h, _, w = s.lower().partition('x')
-    return int(h), int(w or h)
+    """'H', 'HxW' or either with ':B' (batch B, default 1) -> (H, W, B)."""
+    size, _, batch = s.lower().partition(':')
+    h, _, w = size.partition('x')
+    return int(h), int(w or h), int(batch or 1)
+
+
+def size_arg(s):
+    try:
+        h, w, b = parse_size(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'{s!r} is not a size: use H, HxW, H:B or HxW:B '
+                                         '(e.g. 224, 800x1280, 512:2)')
+    if min(h, w, b) < 1:
+        raise argparse.ArgumentTypeError(f'{s!r}: height, width and batch must be >= 1')
+    return s
+
+
+def is_paca(name):
+    return MODELS[name]['type'] == 'PaCaViT'
 
 
 def build(name, device):
@@ -65,15 +96,50 @@ def build(name, device):
 
 
 def for_inference(model, device, fuse, copy_model=True):
-    """The model the forward (inference) figures use: on the CPU, with ``fuse``, a PaCa
-    model after the CPU inference pass (``paca_mm.fuse_for_cpu_inference``, in place, so
-    a copy when the model is also trained for the fwd+bwd figures); else ``model``."""
+    """The model the ``fused`` figures use: on the CPU, with ``fuse``, a PaCa model after
+    the CPU inference pass (``paca_mm.fuse_for_cpu_inference``, in place, so a copy when
+    the model is also trained for the fwd+bwd figures); else ``model``."""
     from paca_mm import fuse_for_cpu_inference
     from paca_mm.models.backbones import PaCaViT
     if not fuse or torch.device(device).type != 'cpu' or \
             not any(isinstance(m, PaCaViT) for m in model.modules()):
         return model
     return fuse_for_cpu_inference(copy.deepcopy(model) if copy_model else model)
+
+
+class OnnxRuntimeModel:
+    """``model`` exported with ``torch.onnx`` for one input shape, run by ONNX Runtime on
+    the CPU with ``threads`` intra-op threads (all graph optimisations on)."""
+
+    def __init__(self, model, shape, threads, folder):
+        import onnxruntime as ort
+
+        from paca_mm.deployment import exporter_kwargs
+        path = osp.join(folder, 'model.onnx')
+        with torch.no_grad():
+            torch.onnx.export(model, (torch.randn(*shape), ), path, input_names=['x'],
+                              opset_version=17, **exporter_kwargs())
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.session = ort.InferenceSession(path, opts, providers=['CPUExecutionProvider'])
+        os.remove(path)
+
+    def __call__(self, x):
+        return self.session.run(None, {'x': x.numpy()})
+
+
+def engine_model(engine, model, fused, shape, args, folder):
+    """A callable running ``model`` in ``engine`` (for ``onnxruntime``: at ``shape`` only)."""
+    if engine == 'eager':
+        return model
+    if engine == 'fused':
+        return fused
+    if engine == 'compile':
+        # static shapes (one graph per size), weights frozen into the graph as in deployment
+        return torch.compile(model, dynamic=False, options={'freezing': True})
+    return OnnxRuntimeModel(model, shape, args.threads, folder)
 
 
 def _sync(device):
@@ -123,19 +189,24 @@ def time_forward(model, x, device, amp, threads=1):
     return t, _minor_faults() - faults, share
 
 
-def time_forward_backward(model, x, device, amp):
+def train_step(model, x, device, amp):
+    """One training forward+backward of ``sum(mean(out_i))``; gradients are dropped after."""
     model.train()
     try:
-        _sync(device)
-        t = time.perf_counter()
         with _autocast(device, amp):
             outs = model(x)
         sum(o.float().mean() for o in outs).backward()
-        _sync(device)
-        return time.perf_counter() - t
     finally:
         model.zero_grad(set_to_none=True)
         model.eval()  # noqa
+
+
+def time_forward_backward(model, x, device, amp):
+    _sync(device)
+    t = time.perf_counter()
+    train_step(model, x, device, amp)
+    _sync(device)
+    return time.perf_counter() - t
 
 
 def count_flops(model, shape, device):
@@ -157,33 +228,43 @@ def _peak_rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def memory_worker(name, size, device, amp, fuse):
-    """Run in a fresh process: peak forward memory growth in MB (inference)."""
+def memory_worker(name, size, mode, device, amp, fuse):
+    """Run in a fresh process: peak memory growth in MB of one inference forward
+    (``mode='inference'``) or one training forward+backward (``mode='train'``)."""
     torch.set_num_threads(int(os.environ.get('BENCH_THREADS', '2')))
-    model = for_inference(build(name, device), device, fuse, copy_model=False)
-    x = torch.randn(1, 3, *parse_size(size), device=device)
+    model = build(name, device)
+    if mode == 'inference':
+        model = for_inference(model, device, fuse, copy_model=False)
+    h, w, b = parse_size(size)
+    x = torch.randn(b, 3, h, w, device=device)
+
+    def step():
+        if mode == 'train':
+            train_step(model, x, device, amp)
+        else:
+            with torch.inference_mode(), _autocast(device, amp):
+                model(x)
+
     if device.startswith('cuda'):
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
-        with torch.inference_mode(), _autocast(device, amp):
-            model(x)
+        step()
         torch.cuda.synchronize(device)
         return (torch.cuda.max_memory_allocated(device) - base) / 2**20
     before = _peak_rss_mb()
-    with torch.inference_mode(), _autocast(device, amp):
-        model(x)
+    step()
     return _peak_rss_mb() - before
 
 
-def measure_memory(name, size, args):
-    cmd = [sys.executable, osp.abspath(__file__), '--memory-worker', name, size,
+def measure_memory(name, size, mode, args):
+    cmd = [sys.executable, osp.abspath(__file__), '--memory-worker', name, size, mode,
            '--device', args.device] + (['--amp'] if args.amp else []) + \
-        (['--no-fuse'] if args.no_fuse else [])
+        (['--engine', 'fused'] if 'fused' in args.engine else ['--engine', 'eager'])
     env = dict(os.environ, BENCH_THREADS=str(args.threads))
     res = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if res.returncode:
-        print(f'  memory run failed for {name} {size}: {res.stderr.strip()[-500:]}')
+        print(f'  {mode} memory run failed for {name} {size}: {res.stderr.strip()[-500:]}')
         return None
     return json.loads(res.stdout.strip().splitlines()[-1])['mem_mb']
 
@@ -192,28 +273,59 @@ def run(args):
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     models = {n: build(n, args.device) for n in args.models}
-    infer = {n: for_inference(m, args.device, not args.no_fuse) for n, m in models.items()}
-    fused = [n for n in models if infer[n] is not models[n]]
-    print(f'forward figures with the CPU inference pass: {", ".join(fused) or "none"}'
-          + (' (--no-fuse)' if args.no_fuse else ''), flush=True)
+    fused = {n: for_inference(m, args.device, 'fused' in args.engine) for n, m in models.items()}
+    if 'fused' in args.engine:
+        names = [n for n in models if fused[n] is not models[n]]
+        print(f'fused: the CPU inference pass applied to {", ".join(names) or "none"}; the '
+              'other models run as built', flush=True)
+    elif args.no_fuse:
+        print('forward figures without the CPU inference pass (--no-fuse)', flush=True)
+    compiled = {}
     rows = []
+    folder = tempfile.mkdtemp(prefix='paca_bench_onnx_')
     for size in args.sizes:
-        shape = parse_size(size)
-        x = torch.randn(1, 3, *shape, device=args.device)
-        fwd = {n: [] for n in models}
-        faults = {n: [] for n in models}
+        h, w, b = parse_size(size)
+        x = torch.randn(b, 3, h, w, device=args.device)
+        runners = {}
+        for n, m in models.items():
+            for e in args.engine:
+                if e == 'compile':  # one compiled module per model, a graph per size
+                    compiled.setdefault(n, engine_model(e, m, fused[n], x.shape, args, folder))
+                    runners[n, e] = compiled[n]
+                else:
+                    t = time.perf_counter()
+                    runners[n, e] = engine_model(e, m, fused[n], x.shape, args, folder)
+                    if e == 'onnxruntime':
+                        print(f'{n:>11} {size:>9}: exported to ONNX in '
+                              f'{time.perf_counter() - t:.1f} s', flush=True)
+        for (n, e), fn in runners.items():  # warm-up (compiles)
+            if e == 'fused' and fn is models[n] and (n, 'eager') in runners:
+                continue
+            t = time.perf_counter()
+            for _ in range(max(1, args.warmup) if e == 'compile' else args.warmup):
+                time_forward(fn, x, args.device, args.amp)
+            if e == 'compile':
+                print(f'{n:>11} {size:>9}: compiled + first forward in '
+                      f'{time.perf_counter() - t:.1f} s', flush=True)
+        fwd = {k: [] for k in runners}
+        faults = {k: [] for k in runners}
         steal = {n: [] for n in models}
-        fb = {n: [] for n in models}
-        for n, m in infer.items():  # warm-up
-            for _ in range(args.warmup):
-                time_forward(m, x, args.device, args.amp)
+        # a model the CPU inference pass leaves as built runs as one in eager and fused:
+        # timed once, its figure given for both
+        same = {(n, 'fused'): (n, 'eager') for n in models
+                if fused[n] is models[n] and (n, 'eager') in runners and (n, 'fused') in runners}
         for _ in range(args.repeats):  # interleaved
-            for n, m in infer.items():
-                t, f, s = time_forward(m, x, args.device, args.amp, args.threads)
-                fwd[n].append(t)
-                faults[n].append(f)
+            for (n, e), fn in runners.items():
+                if (n, e) in same:
+                    continue
+                t, f, s = time_forward(fn, x, args.device, args.amp, args.threads)
+                fwd[n, e].append(t)
+                faults[n, e].append(f)
                 if s is not None:
                     steal[n].append(s)
+        for key, twin in same.items():
+            fwd[key], faults[key] = fwd[twin], faults[twin]
+        fb = {n: [] for n in models}
         if not args.skip_backward:
             for n, m in models.items():
                 time_forward_backward(m, x, args.device, args.amp)
@@ -221,36 +333,70 @@ def run(args):
                 for n, m in models.items():
                     fb[n].append(time_forward_backward(m, x, args.device, args.amp))
         for n, m in models.items():
-            row = dict(model=n, size=f'{shape[0]}x{shape[1]}', pixels=shape[0] * shape[1],
-                       fwd_ms=1000 * statistics.median(fwd[n]),
-                       fwd_bwd_ms=1000 * statistics.median(fb[n]) if fb[n] else None,
-                       fwd_faults_k=statistics.median(faults[n]) / 1e3,
+            row = dict(model=n, size=f'{h}x{w}', batch=b, pixels=h * w)
+            for e in args.engine:
+                row[f'fwd_ms_{e}'] = 1000 * statistics.median(fwd[n, e])
+            best = min(args.engine, key=lambda e: row[f'fwd_ms_{e}'])
+            row.update(best_engine=best, best_fwd_ms=row[f'fwd_ms_{best}'],
+                       fwd_faults_k=statistics.median(faults[n, args.engine[0]]) / 1e3,
                        fwd_steal_pct=100 * statistics.median(steal[n]) if steal[n] else None,
-                       mem_mb=None if args.skip_memory else measure_memory(n, size, args),
-                       params_m=sum(p.numel() for p in m.parameters()) / 1e6,
-                       gmacs=None)
+                       fwd_bwd_ms=1000 * statistics.median(fb[n]) if fb[n] else None,
+                       train_mem_mb=None if args.skip_memory else
+                       measure_memory(n, size, 'train', args),
+                       mem_mb=None if args.skip_memory else
+                       measure_memory(n, size, 'inference', args),
+                       params_m=sum(p.numel() for p in m.parameters()) / 1e6, gmacs=None)
             if args.flops:
-                macs = count_flops(m, shape, args.device)
-                row['gmacs'] = None if macs is None else macs / 1e9
+                macs = count_flops(m, (h, w), args.device)
+                row['gmacs'] = None if macs is None else b * macs / 1e9
             rows.append(row)
-            print(f"{n:>11} {row['size']:>9}: fwd {row['fwd_ms']:8.1f} ms "
-                  f"({row['fwd_faults_k']:.0f}k page faults"
-                  + (f", {row['fwd_steal_pct']:.0f}% stolen" if row['fwd_steal_pct'] is not None
-                     else '') + ')'
-                  + (f", fwd+bwd {row['fwd_bwd_ms']:8.1f} ms" if row['fwd_bwd_ms'] else '')
-                  + (f", mem {row['mem_mb']:7.1f} MB" if row['mem_mb'] is not None else ''),
-                  flush=True)
+            print(f"{n:>11} {size:>9}: fwd "
+                  + ', '.join(f"{e} {row[f'fwd_ms_{e}']:.1f}" for e in args.engine) + ' ms'
+                  + (f" ({row['fwd_steal_pct']:.0f}% stolen)"
+                     if row['fwd_steal_pct'] is not None else '')
+                  + (f"; fwd+bwd {row['fwd_bwd_ms']:.1f} ms" if row['fwd_bwd_ms'] else '')
+                  + (f"; train mem {row['train_mem_mb']:.0f} MB, inference mem "
+                     f"{row['mem_mb']:.0f} MB" if row['mem_mb'] is not None and
+                     row['train_mem_mb'] is not None else ''), flush=True)
+    os.rmdir(folder)
     return rows
+
+
+def figure_keys(rows):
+    return [k for k in rows[0] if k.startswith('fwd_ms_') or k in (
+        'best_fwd_ms', 'fwd_bwd_ms', 'train_mem_mb', 'mem_mb', 'params_m', 'gmacs')]
 
 
 def add_ratios(rows, reference):
+    """Each figure divided by ``reference``'s at the same size (so within the same engine)."""
     ref = {r['size']: r for r in rows if r['model'] == reference}
-    for r in rows:
-        base = ref.get(r['size'])
-        for key in ('fwd_ms', 'fwd_bwd_ms', 'fwd_faults_k', 'mem_mb', 'params_m', 'gmacs'):
+    for key in figure_keys(rows):
+        for r in rows:
+            base = ref.get(r['size'])
             ok = base and r[key] is not None and base[key]
             r[key + '_ratio'] = r[key] / base[key] if ok else None
     return rows
+
+
+def pair_ratios(rows, engines):
+    """One row per (PaCa model, peer, size): the PaCa model's forward time divided by the
+    peer's in each engine, and best engine by best engine."""
+    out = []
+    by = {(r['model'], r['size']): r for r in rows}
+    for r in rows:
+        if not is_paca(r['model']):
+            continue
+        for peer in dict.fromkeys(q['model'] for q in rows if not is_paca(q['model'])):
+            q = by.get((peer, r['size']))
+            if q is None:
+                continue
+            pair = dict(model=r['model'], peer=peer, size=r['size'])
+            for e in engines:
+                pair[e] = r[f'fwd_ms_{e}'] / q[f'fwd_ms_{e}']
+            pair['best'] = r['best_fwd_ms'] / q['best_fwd_ms']
+            pair['best_engines'] = f"{r['best_engine']} / {q['best_engine']}"
+            out.append(pair)
+    return out
 
 
 def _fmt(v, ratio):
@@ -260,12 +406,17 @@ def _fmt(v, ratio):
 
 
 def to_markdown(rows, args):
-    head = ('| model | input | fwd ms | fwd page faults (k) | fwd steal % | fwd+bwd ms '
-            '| peak fwd mem MB | params M | GMACs |\n|---|---|---|---|---|---|---|---|---|\n')
-    lines = [f"| {r['model']} | {r['size']} | {_fmt(r['fwd_ms'], r['fwd_ms_ratio'])} | "
-             f"{r['fwd_faults_k']:.0f} | "
+    engines = list(args.engine)
+    head = ('| model | input, batch | ' + ' | '.join(f'fwd ms {e}' for e in engines)
+            + ' | best engine | fwd page faults (k) | fwd steal % | fwd+bwd ms '
+            '| train peak MB | inference peak MB | params M | GMACs |\n'
+            + '|---' * (len(engines) + 10) + '|\n')
+    lines = [f"| {r['model']} | {r['size']}, {r['batch']} | "
+             + ' | '.join(_fmt(r[f'fwd_ms_{e}'], r[f'fwd_ms_{e}_ratio']) for e in engines)
+             + f" | {r['best_engine']} | {r['fwd_faults_k']:.0f} | "
              f"{'–' if r['fwd_steal_pct'] is None else format(r['fwd_steal_pct'], '.0f')} | "
              f"{_fmt(r['fwd_bwd_ms'], r['fwd_bwd_ms_ratio'])} | "
+             f"{_fmt(r['train_mem_mb'], r['train_mem_mb_ratio'])} | "
              f"{_fmt(r['mem_mb'], r['mem_mb_ratio'])} | "
              f"{_fmt(r['params_m'], r['params_m_ratio'])} | "
              f"{_fmt(r['gmacs'], r['gmacs_ratio'])} |" for r in rows]
@@ -273,13 +424,27 @@ def to_markdown(rows, args):
         f'CPU, {args.threads} threads'
     malloc = 'freed memory kept in the heap (--malloc-keep)' if args.malloc_keep else \
         'default glibc malloc'
-    fuse = 'CPU inference pass off (--no-fuse)' if args.no_fuse or \
-        not args.device.startswith('cpu') else 'PaCa forwards after the CPU inference pass'
-    return (f'Device: {dev}; torch {torch.__version__}; amp={args.amp}; {malloc}; {fuse}; '
-            f'ratios to {REFERENCE} in parentheses; batch 1; median of '
-            f'{args.repeats} interleaved runs; fwd steal %: median share of the vCPU time '
-            'that the hypervisor took during a forward (/proc/stat; a share s slows that forward by up to 1 / (1 - s))'
-            '.\n\n' + head + '\n'.join(lines) + '\n')
+    fuse = ('fused: PaCa forwards after the CPU inference pass, the peers as built (their '
+            'fused figure is their eager one where both are listed)'
+            if 'fused' in engines else 'CPU inference pass off' +
+            (' (--no-fuse)' if args.no_fuse else ''))
+    md = (f'Device: {dev}; torch {torch.__version__}; amp={args.amp}; {malloc}; engines: '
+          f'{", ".join(engines)}; {fuse}; ratios to {REFERENCE} (same engine) in parentheses; '
+          f'median of {args.repeats} interleaved runs; page faults: {engines[0]} forwards; '
+          'fwd steal %: median share of the vCPU time that the hypervisor took during a '
+          'forward (/proc/stat; a share s slows that forward by up to 1 / (1 - s)); '
+          'fwd+bwd and train peak: eager, train mode.\n\n' + head + '\n'.join(lines) + '\n')
+    pairs = pair_ratios(rows, engines)
+    if pairs:
+        md += ('\nForward time of each PaCa model divided by each peer\'s, in the same engine, '
+               'and best engine against best engine:\n\n| model | peer | input | '
+               + ' | '.join(engines) + ' | best / best | best engines |\n'
+               + '|---' * (len(engines) + 5) + '|\n'
+               + '\n'.join(f"| {p['model']} | {p['peer']} | {p['size']} | "
+                           + ' | '.join(f'{p[e]:.2f}' for e in engines)
+                           + f" | {p['best']:.2f} | {p['best_engines']} |" for p in pairs)
+               + '\n')
+    return md
 
 
 def plot(rows, path):
@@ -290,10 +455,11 @@ def plot(rows, path):
     for name in dict.fromkeys(r['model'] for r in rows):
         rs = sorted((r for r in rows if r['model'] == name), key=lambda r: r['pixels'])
         px = [r['pixels'] / 1e6 for r in rs]
-        axes[0].plot(px, [r['fwd_ms'] for r in rs], 'o-', label=name)
+        axes[0].plot(px, [r['best_fwd_ms'] for r in rs], 'o-', label=name)
         if all(r['mem_mb'] is not None for r in rs):
             axes[1].plot(px, [r['mem_mb'] for r in rs], 'o-', label=name)
-    axes[0].set(xlabel='megapixels', ylabel='forward latency (ms)', title='latency')
+    axes[0].set(xlabel='megapixels', ylabel='forward latency, best engine (ms)',
+                title='latency')
     axes[1].set(xlabel='megapixels', ylabel='peak forward memory (MB)', title='memory')
     for ax in axes:
         ax.grid(alpha=.3)
@@ -305,16 +471,19 @@ def plot(rows, path):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--models', nargs='+', default=list(MODELS), choices=list(MODELS))
-    p.add_argument('--sizes', nargs='+', default=DEFAULT_SIZES,
-                   help='H or HxW, e.g. 224 800x1280')
+    p.add_argument('--sizes', nargs='+', default=DEFAULT_SIZES, type=size_arg,
+                   help='H, HxW, optionally :B for batch B, e.g. 224 800x1280 512:2')
+    p.add_argument('--engine', nargs='+', choices=ENGINES, default=None,
+                   help='inference engines to time (default: fused on the CPU, eager on '
+                   'CUDA; --no-fuse: eager)')
     p.add_argument('--device', default='cpu')
     p.add_argument('--amp', action='store_true', help='fp16 on CUDA, bf16 on CPU')
     p.add_argument('--threads', type=int, default=2)
     p.add_argument('--repeats', type=int, default=5)
     p.add_argument('--warmup', type=int, default=1)
     p.add_argument('--no-fuse', action='store_true',
-                   help='CPU forward figures without the CPU inference pass '
-                   '(paca_mm.fuse_for_cpu_inference, applied to PaCa models by default)')
+                   help='time the PaCa models without the CPU inference pass '
+                   '(paca_mm.fuse_for_cpu_inference; the same as --engine eager)')
     p.add_argument('--skip-backward', action='store_true')
     p.add_argument('--skip-memory', action='store_true')
     p.add_argument('--flops', action='store_true', help='also count MACs')
@@ -323,7 +492,7 @@ def main(argv=None):
                         '(no page faults when large tensors are re-allocated): shows the '
                         'figures without the allocator cost that default settings impose')
     p.add_argument('--out', default='work_dirs/benchmark')
-    p.add_argument('--memory-worker', nargs=2, metavar=('MODEL', 'SIZE'),
+    p.add_argument('--memory-worker', nargs=3, metavar=('MODEL', 'SIZE', 'MODE'),
                    help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     try:
@@ -335,6 +504,23 @@ def main(argv=None):
                 '(torch.cuda.is_available() is False); run on a GPU machine or use --device cpu')
     if device.type not in ('cpu', 'cuda'):
         p.error(f'--device {args.device}: only cpu and cuda are supported')
+    if args.engine is None:
+        args.engine = ['eager' if args.no_fuse or device.type == 'cuda' else 'fused']
+    args.engine = list(dict.fromkeys(args.engine))
+    if args.no_fuse and 'fused' in args.engine:
+        p.error('--no-fuse and --engine fused contradict each other: drop one')
+    cpu_only = [e for e in ('fused', 'onnxruntime') if e in args.engine]
+    if device.type == 'cuda' and cpu_only:
+        p.error(f'--engine {" ".join(cpu_only)}: CPU-only engine(s) (the CPU inference pass; '
+                'ONNX Runtime on its CPU provider); with --device cuda use eager and compile')
+    if 'onnxruntime' in args.engine and args.amp:
+        p.error('--engine onnxruntime runs the float32 export: drop --amp or the engine')
+    if 'onnxruntime' in args.engine:
+        try:
+            import onnxruntime  # noqa: F401
+        except ImportError:
+            p.error('--engine onnxruntime needs onnx and onnxruntime: '
+                    'pip install -r requirements/deploy.txt (or paca_mm[deploy])')
     if device.type == 'cuda' and device.index is not None:
         if device.index >= torch.cuda.device_count():
             p.error(f'--device {args.device}: this machine has {torch.cuda.device_count()} CUDA '
@@ -347,7 +533,8 @@ def main(argv=None):
         os.execve(sys.executable, [sys.executable, osp.abspath(__file__)] + argv,
                   dict(os.environ, **MALLOC_KEEP))
     if args.memory_worker:
-        mem = memory_worker(*args.memory_worker, args.device, args.amp, not args.no_fuse)
+        name, size, mode = args.memory_worker
+        mem = memory_worker(name, size, mode, args.device, args.amp, 'fused' in args.engine)
         print(json.dumps({'mem_mb': mem}))
         return
     if REFERENCE not in args.models:

@@ -126,20 +126,23 @@ def report(device, plan, fp32, amp, records, seconds):
         f'mmseg {mmseg.__version__}. Steps: benchmark fp32 {seconds["fp32"]:.0f} s, '
         f'AMP {seconds["amp"]:.0f} s, training {seconds["train"]:.0f} s.', '',
         f'## Backbones (tools/benchmark.py, batch 1, median of {plan["repeats"]} runs after '
-        f'{plan["warmup"]} warm-up; AMP = {amp_kind} autocast; memory: peak forward, inference)',
+        f'{plan["warmup"]} warm-up; AMP = {amp_kind} autocast; memory: peak of one inference '
+        'forward and of one training step)',
         '',
         '| model | input | params M | fwd ms fp32 | fwd ms AMP | fwd+bwd ms fp32 '
-        '| fwd+bwd ms AMP | peak fwd MB fp32 | peak fwd MB AMP |',
-        '|---|---|---|---|---|---|---|---|---|',
+        '| fwd+bwd ms AMP | peak fwd MB fp32 | peak fwd MB AMP | peak train MB fp32 '
+        '| peak train MB AMP |',
+        '|---|---|---|---|---|---|---|---|---|---|---|',
     ]
     amp_rows = {(r['model'], r['size']): r for r in amp}
     for r in fp32:
         a = amp_rows[(r['model'], r['size'])]
         lines.append(
             f'| {r["model"]} | {r["size"]} | {_cell(_num(r, "params_m"))} '
-            f'| {_cell(_num(r, "fwd_ms"))} | {_cell(_num(a, "fwd_ms"))} '
+            f'| {_cell(_num(r, "best_fwd_ms"))} | {_cell(_num(a, "best_fwd_ms"))} '
             f'| {_cell(_num(r, "fwd_bwd_ms"))} | {_cell(_num(a, "fwd_bwd_ms"))} '
-            f'| {_cell(_num(r, "mem_mb"))} | {_cell(_num(a, "mem_mb"))} |')
+            f'| {_cell(_num(r, "mem_mb"))} | {_cell(_num(a, "mem_mb"))} '
+            f'| {_cell(_num(r, "train_mem_mb"))} | {_cell(_num(a, "train_mem_mb"))} |')
     times = [r['time'] for r in records[1:]] or [records[0]['time']]
     memory = max((r['memory'] for r in records if 'memory' in r), default=None)
     lines += [
