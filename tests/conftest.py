@@ -20,3 +20,20 @@ def _isolate_global_state():
     torch.set_grad_enabled(grad)
     DefaultScope._instance_dict.clear()
     DefaultScope._instance_dict.update(scopes)
+
+
+@pytest.fixture(scope='session')
+def load_tool():
+    """``load_tool('train')``: a fresh import of ``tools/train.py`` (any script under
+    ``tools/``, e.g. ``'deployment/pytorch2onnx'``), to call its ``main(argv)`` in-process."""
+    import importlib.util
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def load(name):
+        spec = importlib.util.spec_from_file_location(
+            f'_paca_tool_{name.replace("/", "_")}', os.path.join(root, 'tools', f'{name}.py'))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load

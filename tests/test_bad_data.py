@@ -5,7 +5,7 @@ Before: mmcv raised ``AssertionError: failed to load image: PATH`` or ``FileNotF
 without the dataset, and a corrupt label map ``cannot identify image file <_io.BytesIO ...>``
 without any path.
 """
-import importlib.util
+import importlib
 import os
 import os.path as osp
 
@@ -135,15 +135,7 @@ def test_other_pipeline_errors_are_not_blamed_on_the_data(tmp_path):
     _check_message(exc.value, 'seg', path, root)
 
 
-def _train_tool():
-    spec = importlib.util.spec_from_file_location('_paca_tool_train_bad_data',
-                                                  osp.join(ROOT, 'tools', 'train.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_train_tool_reports_corrupt_image(tmp_path):
+def test_train_tool_reports_corrupt_image(tmp_path, load_tool):
     """Through tools/train.py with the seg demo config: the error crosses the DataLoader
     worker process and still names the file and the dataset."""
     root = str(tmp_path / 'seg')
@@ -155,7 +147,7 @@ def test_train_tool_reports_corrupt_image(tmp_path):
             'train_cfg.max_iters=2', 'model.backbone.arch=tiny',
             'model.backbone.num_clusters=[4,4,4,0]']
     with pytest.raises(CorruptDataFileError) as exc:
-        _train_tool().main([osp.join(DEMO, KINDS['seg'][1]), '--work-dir',
+        load_tool('train').main([osp.join(DEMO, KINDS['seg'][1]), '--work-dir',
                             str(tmp_path / 'work'), '--cfg-options'] + opts)
     msg = str(exc.value)
     assert 'DataLoader worker' in msg  # re-raised by torch in the main process

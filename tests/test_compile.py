@@ -13,7 +13,6 @@ mmengine compiles ``train_step`` with the optimizer step in it, and torch's comp
 writes NaN where the second moment is 0 when lr = 0 (pytorch/pytorch#126514): the tiny
 config's PolyLR reaches 0 in its last iteration, so the run here keeps eta_min above 0, and
 tools/train.py warns about such a schedule (tested below)."""
-import importlib.util
 import os.path as osp
 
 import pytest
@@ -63,16 +62,8 @@ def test_segmentor_forward_has_no_graph_break():
     assert (graphs, breaks) == (1, 0), reasons
 
 
-def _train_tool():
-    spec = importlib.util.spec_from_file_location('_paca_tool_train_compile',
-                                                  osp.join(ROOT, 'tools', 'train.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.slow
-def test_training_through_mmengine_compile(tmp_path):
+def test_training_through_mmengine_compile(tmp_path, load_tool):
     from torch._dynamo.utils import counters
 
     from paca_mm.checkpoint import load_checkpoint_file
@@ -81,7 +72,7 @@ def test_training_through_mmengine_compile(tmp_path):
                                   size=(32, 32), seed=0)
     data = [f'{s}_dataloader.dataset.data_root={root}' for s in ('train', 'val', 'test')] + \
         ['param_scheduler.0.eta_min=1e-5']
-    train = _train_tool()
+    train = load_tool('train')
     torch._dynamo.reset()
     counters.clear()
     try:

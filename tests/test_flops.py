@@ -1,6 +1,5 @@
 """tools/get_flops.py: attention FLOPs are counted, PaCa-Tiny matches the paper's 3.2 GFLOPs,
 and the tool runs on a detector config."""
-import importlib.util
 import os.path as osp
 
 import pytest
@@ -12,12 +11,8 @@ ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
 
 @pytest.fixture(scope='module')
-def get_flops():
-    spec = importlib.util.spec_from_file_location('paca_get_flops',
-                                                  osp.join(ROOT, 'tools', 'get_flops.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def get_flops(load_tool):
+    return load_tool('get_flops')
 
 
 class _Attn(nn.Module):

@@ -290,7 +290,8 @@ def run(args):
         for n, m in models.items():
             for e in args.engine:
                 if e == 'compile':  # one compiled module per model, a graph per size
-                    compiled.setdefault(n, engine_model(e, m, fused[n], x.shape, args, folder))
+                    if n not in compiled:
+                        compiled[n] = engine_model(e, m, fused[n], x.shape, args, folder)
                     runners[n, e] = compiled[n]
                 else:
                     t = time.perf_counter()
@@ -298,8 +299,12 @@ def run(args):
                     if e == 'onnxruntime':
                         print(f'{n:>11} {size:>9}: exported to ONNX in '
                               f'{time.perf_counter() - t:.1f} s', flush=True)
+        # a model the CPU inference pass leaves as built runs as one in eager and fused:
+        # warmed up and timed once, its figure given for both
+        same = {(n, 'fused'): (n, 'eager') for n in models
+                if fused[n] is models[n] and (n, 'eager') in runners and (n, 'fused') in runners}
         for (n, e), fn in runners.items():  # warm-up (compiles)
-            if e == 'fused' and fn is models[n] and (n, 'eager') in runners:
+            if (n, e) in same:
                 continue
             t = time.perf_counter()
             for _ in range(max(1, args.warmup) if e == 'compile' else args.warmup):
@@ -310,10 +315,6 @@ def run(args):
         fwd = {k: [] for k in runners}
         faults = {k: [] for k in runners}
         steal = {n: [] for n in models}
-        # a model the CPU inference pass leaves as built runs as one in eager and fused:
-        # timed once, its figure given for both
-        same = {(n, 'fused'): (n, 'eager') for n in models
-                if fused[n] is models[n] and (n, 'eager') in runners and (n, 'fused') in runners}
         for _ in range(args.repeats):  # interleaved
             for (n, e), fn in runners.items():
                 if (n, e) in same:
