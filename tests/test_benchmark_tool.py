@@ -8,6 +8,8 @@ import sys
 import pytest
 import torch
 
+from paca_mm.cpu_inference import INFERENCE_PIECES
+
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
 
@@ -41,6 +43,15 @@ def test_benchmark_table(tmp_path):
     assert '| fwd steal % |' in md and '| train peak MB |' in md
     # the PaCa model against each peer, in the one engine timed
     assert '| paca_tiny | swin_t | 64x64 |' in md and '| paca_tiny | pvt_v2_b2 | 64x64 |' in md
+    # ... with the training figures divided likewise (no MACs counted: a dash)
+    paca, swin = rows[0], rows[1]
+    line = next(ln for ln in md.splitlines() if ln.startswith('| paca_tiny | swin_t | 64x64 |'))
+    cells = [c.strip() for c in line.strip('|').split('|')]
+    assert float(cells[-3]) == pytest.approx(
+        float(paca['fwd_bwd_ms']) / float(swin['fwd_bwd_ms']), abs=0.006)
+    assert float(cells[-2]) == pytest.approx(
+        float(paca['train_mem_mb']) / float(swin['train_mem_mb']), abs=0.006)
+    assert cells[-1] == '–'
     assert (tmp_path / 'benchmark.png').stat().st_size > 0
 
 
@@ -60,9 +71,12 @@ def test_benchmark_engines(tmp_path):
         for e in engines:
             assert float(r[f'fwd_ms_{e}_ratio']) == pytest.approx(
                 ms[e] / float(by['pvt_v2_b2'][f'fwd_ms_{e}']))
-    # the peers have no PaCa module: their fused model is the model, timed once
+    # the peers have no PaCa module: their fused model is the model, timed once; so is
+    # PaCa's while the pass swaps in no inference piece
     for peer in ('swin_t', 'pvt_v2_b2'):
         assert by[peer]['fwd_ms_fused'] == by[peer]['fwd_ms_eager']
+    assert (by['paca_tiny']['fwd_ms_fused'] == by['paca_tiny']['fwd_ms_eager']) == \
+        (not INFERENCE_PIECES)
     assert 'swin_t      48:2: exported to ONNX' in proc.stdout
     assert 'paca_tiny      48:2: compiled + first forward' in proc.stdout
     paca, swin = by['paca_tiny'], by['swin_t']
@@ -113,3 +127,58 @@ def test_benchmark_amp_on_cpu(tmp_path):
     assert 'amp=True' in md
     for r in rows:
         assert float(r['fwd_ms_fused']) > 0 and float(r['fwd_bwd_ms']) > 0
+
+
+def test_unchanged_by_pass(load_tool):
+    """A copy with the same module classes computes the same forward (timed once); a copy
+    in which a module was swapped for another class does not."""
+    import copy
+
+    import torch.nn as nn
+
+    from paca_mm.models.backbones import PaCaViT
+    bench = load_tool('benchmark')
+    model = PaCaViT(arch='tiny').eval()
+    assert bench.unchanged_by_pass(model, model)
+    twin = copy.deepcopy(model)
+    assert bench.unchanged_by_pass(twin, model)
+
+    class Piece(nn.Module):  # a stand-in for an inference piece
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+    twin.stage1[0].mlp = Piece(twin.stage1[0].mlp)
+    assert not bench.unchanged_by_pass(twin, model)
+
+
+@pytest.mark.parametrize('settle', [0, 2])
+def test_benchmark_settle(tmp_path, load_tool, monkeypatch, settle):
+    """Each timed forward follows ``--settle`` untimed forwards of the same model and engine
+    (so it measures that engine's steady state, not the switch from another model)."""
+    bench = load_tool('benchmark')
+    calls = []
+    real = bench.time_forward
+
+    def spy(fn, x, device, amp, threads=None):
+        res = real(fn, x, device, amp)
+        calls.append((id(fn), threads is not None))  # timed calls pass threads
+        return res
+
+    monkeypatch.setattr(bench, 'time_forward', spy)
+    bench.main(['--models', 'paca_tiny', 'swin_t', '--sizes', '32', '--repeats', '2',
+                '--warmup', '0', '--settle', str(settle), '--engine', 'eager',
+                '--skip-backward', '--skip-memory', '--threads', '1', '--out', str(tmp_path)])
+    timed = [i for i, (_, t) in enumerate(calls) if t]
+    assert len(timed) == 2 * 3  # 2 rounds x (paca_tiny, swin_t, pvt_v2_b2)
+    assert len(calls) == (1 + settle) * len(timed)
+    for i in timed:  # the calls right before a timed one ran the same model
+        assert all(calls[j][0] == calls[i][0] for j in range(i - settle, i))
+        assert i - settle == 0 or calls[i - settle - 1][0] != calls[i][0]
+
+
+def test_benchmark_rejects_bad_counts(tmp_path):
+    base = [sys.executable, osp.join(ROOT, 'tools', 'benchmark.py'), '--out', str(tmp_path)]
+    for extra in (['--settle', '-1'], ['--repeats', '0']):
+        res = subprocess.run(base + extra, capture_output=True, text=True, timeout=120)
+        assert res.returncode == 2 and '--repeats must be >= 1' in res.stderr

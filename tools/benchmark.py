@@ -4,7 +4,11 @@
 For every model and input size, in one process and one run (models and engines interleaved,
 so machine noise hits all alike):
 
-* inference forward latency in each ``--engine`` (median of repeated runs after warm-up):
+* inference forward latency in each ``--engine`` (median of repeated runs after warm-up,
+  each timed run right after ``--settle`` untimed runs of the same model and engine: the
+  first run after another model or engine pays for fresh allocations, PaCa-Small 151
+  instead of 115 ms at 224², differently for each model; with several engines at large
+  sizes also use ``--malloc-keep``, docs/benchmarks.md):
   ``eager`` (the model as built), ``fused`` (after ``paca_mm.fuse_for_cpu_inference``;
   models without PaCa modules run as built), ``compile`` (``torch.compile``, inductor with
   freezing) and ``onnxruntime`` (exported with ``torch.onnx`` at that size, run by ONNX
@@ -16,7 +20,8 @@ so machine noise hits all alike):
 Memory is measured in a fresh subprocess per model and size: the growth of the peak RSS on
 the CPU, ``max_memory_allocated`` on CUDA. Every figure is also given as a ratio to PVTv2-B2
 within its engine, and a second table divides each PaCa model by each peer, engine by engine
-and best engine against best engine. Writes CSV + Markdown (+ a PNG plot) to ``--out``.
+and best engine against best engine, and their training figures and MACs.
+Writes CSV + Markdown (+ a PNG plot) to ``--out``.
 
 Example::
 
@@ -93,6 +98,14 @@ def build(name, device):
     model = DET_MODELS.build(dict(MODELS[name])).to(device)
     model.eval()  # (mmdet's SwinTransformer.train() returns None: don't chain)
     return model
+
+
+def unchanged_by_pass(fused, model):
+    """Whether the CPU inference pass left ``model`` as built: the same object (no PaCa
+    module, or not on the CPU), or a copy with the same module classes everywhere (no
+    inference piece swapped in), which computes the same forward."""
+    return fused is model or [type(m) for m in fused.modules()] == \
+        [type(m) for m in model.modules()]
 
 
 def for_inference(model, device, fuse, copy_model=True):
@@ -275,9 +288,9 @@ def run(args):
     models = {n: build(n, args.device) for n in args.models}
     fused = {n: for_inference(m, args.device, 'fused' in args.engine) for n, m in models.items()}
     if 'fused' in args.engine:
-        names = [n for n in models if fused[n] is not models[n]]
-        print(f'fused: the CPU inference pass applied to {", ".join(names) or "none"}; the '
-              'other models run as built', flush=True)
+        names = [n for n in models if not unchanged_by_pass(fused[n], models[n])]
+        print(f'fused: the CPU inference pass changed {", ".join(names) or "no model"}; the '
+              'others run as built, so their fused figure is their eager one', flush=True)
     elif args.no_fuse:
         print('forward figures without the CPU inference pass (--no-fuse)', flush=True)
     compiled = {}
@@ -300,9 +313,11 @@ def run(args):
                         print(f'{n:>11} {size:>9}: exported to ONNX in '
                               f'{time.perf_counter() - t:.1f} s', flush=True)
         # a model the CPU inference pass leaves as built runs as one in eager and fused:
-        # warmed up and timed once, its figure given for both
+        # warmed up and timed once, its figure given for both (timing a copy twice gives
+        # two figures for one forward, which differ by the order they ran in)
         same = {(n, 'fused'): (n, 'eager') for n in models
-                if fused[n] is models[n] and (n, 'eager') in runners and (n, 'fused') in runners}
+                if unchanged_by_pass(fused[n], models[n]) and (n, 'eager') in runners
+                and (n, 'fused') in runners}
         for (n, e), fn in runners.items():  # warm-up (compiles)
             if (n, e) in same:
                 continue
@@ -319,6 +334,8 @@ def run(args):
             for (n, e), fn in runners.items():
                 if (n, e) in same:
                     continue
+                for _ in range(args.settle):  # this engine's steady state (see --settle)
+                    time_forward(fn, x, args.device, args.amp)
                 t, f, s = time_forward(fn, x, args.device, args.amp, args.threads)
                 fwd[n, e].append(t)
                 faults[n, e].append(f)
@@ -332,6 +349,8 @@ def run(args):
                 time_forward_backward(m, x, args.device, args.amp)
             for _ in range(max(1, args.repeats // 2)):
                 for n, m in models.items():
+                    for _ in range(args.settle):
+                        time_forward_backward(m, x, args.device, args.amp)
                     fb[n].append(time_forward_backward(m, x, args.device, args.amp))
         for n, m in models.items():
             row = dict(model=n, size=f'{h}x{w}', batch=b, pixels=h * w)
@@ -381,7 +400,8 @@ def add_ratios(rows, reference):
 
 def pair_ratios(rows, engines):
     """One row per (PaCa model, peer, size): the PaCa model's forward time divided by the
-    peer's in each engine, and best engine by best engine."""
+    peer's in each engine, best engine by best engine, and the training figures (fwd+bwd
+    time, training peak memory) and MACs divided likewise (None where not measured)."""
     out = []
     by = {(r['model'], r['size']): r for r in rows}
     for r in rows:
@@ -396,6 +416,8 @@ def pair_ratios(rows, engines):
                 pair[e] = r[f'fwd_ms_{e}'] / q[f'fwd_ms_{e}']
             pair['best'] = r['best_fwd_ms'] / q['best_fwd_ms']
             pair['best_engines'] = f"{r['best_engine']} / {q['best_engine']}"
+            for key in ('fwd_bwd_ms', 'train_mem_mb', 'gmacs'):
+                pair[key] = r[key] / q[key] if r[key] and q[key] else None
             out.append(pair)
     return out
 
@@ -425,25 +447,33 @@ def to_markdown(rows, args):
         f'CPU, {args.threads} threads'
     malloc = 'freed memory kept in the heap (--malloc-keep)' if args.malloc_keep else \
         'default glibc malloc'
-    fuse = ('fused: PaCa forwards after the CPU inference pass, the peers as built (their '
-            'fused figure is their eager one where both are listed)'
+    fuse = ('fused: forwards after the CPU inference pass (a model it leaves as built, '
+            'as it does the peers, is timed once: its fused figure is its eager one)'
             if 'fused' in engines else 'CPU inference pass off' +
             (' (--no-fuse)' if args.no_fuse else ''))
     md = (f'Device: {dev}; torch {torch.__version__}; amp={args.amp}; {malloc}; engines: '
           f'{", ".join(engines)}; {fuse}; ratios to {REFERENCE} (same engine) in parentheses; '
-          f'median of {args.repeats} interleaved runs; page faults: {engines[0]} forwards; '
+          f'median of {args.repeats} interleaved runs (fwd+bwd: {max(1, args.repeats // 2)}), '
+          f'each after {args.settle} untimed run(s) of the same model and engine (--settle); '
+          f'page faults: {engines[0]} forwards; '
           'fwd steal %: median share of the vCPU time that the hypervisor took during a '
           'forward (/proc/stat; a share s slows that forward by up to 1 / (1 - s)); '
           'fwd+bwd and train peak: eager, train mode.\n\n' + head + '\n'.join(lines) + '\n')
     pairs = pair_ratios(rows, engines)
     if pairs:
-        md += ('\nForward time of each PaCa model divided by each peer\'s, in the same engine, '
-               'and best engine against best engine:\n\n| model | peer | input | '
-               + ' | '.join(engines) + ' | best / best | best engines |\n'
-               + '|---' * (len(engines) + 5) + '|\n'
+        def cell(v):
+            return '–' if v is None else f'{v:.2f}'
+
+        md += ('\nEach PaCa model divided by each peer: forward time in the same engine, best '
+               'engine against best engine, then training (eager fwd+bwd time, training peak '
+               'memory) and MACs:\n\n| model | peer | input | '
+               + ' | '.join(engines) + ' | best / best | best engines | fwd+bwd | train peak '
+               '| MACs |\n' + '|---' * (len(engines) + 8) + '|\n'
                + '\n'.join(f"| {p['model']} | {p['peer']} | {p['size']} | "
-                           + ' | '.join(f'{p[e]:.2f}' for e in engines)
-                           + f" | {p['best']:.2f} | {p['best_engines']} |" for p in pairs)
+                           + ' | '.join(cell(p[e]) for e in engines)
+                           + f" | {cell(p['best'])} | {p['best_engines']} | "
+                           + ' | '.join(cell(p[k]) for k in ('fwd_bwd_ms', 'train_mem_mb',
+                                                            'gmacs')) + ' |' for p in pairs)
                + '\n')
     return md
 
@@ -482,6 +512,12 @@ def main(argv=None):
     p.add_argument('--threads', type=int, default=2)
     p.add_argument('--repeats', type=int, default=5)
     p.add_argument('--warmup', type=int, default=1)
+    p.add_argument('--settle', type=int, default=1,
+                   help='untimed forwards (fwd+bwd: training steps) of the same model and '
+                   'engine right before each timed one, so that it measures that engine\'s '
+                   'steady state, not the switch '
+                   'from the model or engine before it (fresh allocations: page faults; cold '
+                   'caches), which cost one model more than another (0: time the first run)')
     p.add_argument('--no-fuse', action='store_true',
                    help='time the PaCa models without the CPU inference pass '
                    '(paca_mm.fuse_for_cpu_inference; the same as --engine eager)')
@@ -508,6 +544,9 @@ def main(argv=None):
     if args.engine is None:
         args.engine = ['eager' if args.no_fuse or device.type == 'cuda' else 'fused']
     args.engine = list(dict.fromkeys(args.engine))
+    if args.repeats < 1 or args.settle < 0 or args.warmup < 0:
+        p.error(f'--repeats must be >= 1 and --settle, --warmup >= 0 (got {args.repeats}, '
+                f'{args.settle}, {args.warmup})')
     if args.no_fuse and 'fused' in args.engine:
         p.error('--no-fuse and --engine fused contradict each other: drop one')
     cpu_only = [e for e in ('fused', 'onnxruntime') if e in args.engine]
