@@ -133,7 +133,7 @@ def test_benchmark_forward_figures(tmp_path, spy, no_fuse, capsys):
     the unfused one (the pass works in place and is for inference only)."""
     tool = _tool('benchmark')
     tool.main(['--models', 'paca_tiny', '--sizes', '32', '--repeats', '2', '--warmup', '1',
-               '--threads', '1', '--skip-memory', '--out', str(tmp_path)]
+               '--settle', '1', '--threads', '1', '--skip-memory', '--out', str(tmp_path)]
               + (['--no-fuse'] if no_fuse else []))
     out = capsys.readouterr().out
     md = (tmp_path / 'benchmark.md').read_text()
@@ -143,6 +143,7 @@ def test_benchmark_forward_figures(tmp_path, spy, no_fuse, capsys):
         assert 'forward figures without the CPU inference pass (--no-fuse)' in out
         assert 'CPU inference pass off (--no-fuse)' in md
     else:
-        assert _SpyFFN.calls == 3 * n  # 1 warm-up + 2 timed forwards; no fwd+bwd call
-        assert 'fused: the CPU inference pass applied to paca_tiny;' in out
-        assert 'PaCa forwards after the CPU inference pass' in md
+        # 1 warm-up + 2 rounds of (1 settling + 1 timed) forwards; no fwd+bwd call
+        assert _SpyFFN.calls == 5 * n
+        assert 'fused: the CPU inference pass changed paca_tiny;' in out
+        assert 'fused: forwards after the CPU inference pass' in md
