@@ -16,7 +16,6 @@ unpickler with the allow-list (torch >= 2.4) and paca_mm's restricted unpickler 
 forced here by hiding ``torch.serialization.add_safe_globals``).
 """
 import argparse
-import importlib.util
 import json
 import os
 import os.path as osp
@@ -134,14 +133,6 @@ def _benign(path, state_dict=None):
     return str(path)
 
 
-def _tool(name):
-    spec = importlib.util.spec_from_file_location(f'_tool_{name}_safety',
-                                                  osp.join(ROOT, 'tools', f'{name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(autouse=True)
 def _no_trust_env(monkeypatch):
     monkeypatch.delenv(TRUST_ENV, raising=False)
@@ -180,7 +171,7 @@ def test_payloads_are_live(tmp_path, kind):
 
 
 @pytest.mark.parametrize('kind', sorted(PAYLOADS))
-def test_paca_mm_loaders_refuse_payloads(tmp_path, kind, mechanism):
+def test_paca_mm_loaders_refuse_payloads(tmp_path, kind, mechanism, load_tool):
     path, marker = _payload(tmp_path, kind)
     with pytest.raises(CheckpointError) as e:
         load_checkpoint_file(path)
@@ -200,7 +191,7 @@ def test_paca_mm_loaders_refuse_payloads(tmp_path, kind, mechanism):
     # the converter CLI: one error line, nothing written
     dst = tmp_path / 'converted.pth'
     with pytest.raises(SystemExit) as e:
-        _tool('convert_official_checkpoint').main([path, str(dst)])
+        load_tool('convert_official_checkpoint').main([path, str(dst)])
     assert str(e.value.code).startswith('error: ')
     _check_refusal(str(e.value.code), kind)
     assert not dst.exists()
@@ -229,7 +220,7 @@ def test_http_scheme_refuses_payloads(tmp_path, monkeypatch, mechanism):
     assert not marker.exists()
 
 
-def test_good_checkpoints_load_without_opt_in(tmp_path, mechanism):
+def test_good_checkpoints_load_without_opt_in(tmp_path, mechanism, load_tool):
     from mmengine.runner import CheckpointLoader
     runner = _runner_checkpoint(tmp_path / 'runner.pth')
     _check_runner_checkpoint(load_checkpoint_file(runner))
@@ -249,7 +240,7 @@ def test_good_checkpoints_load_without_opt_in(tmp_path, mechanism):
 
     # the converter's output loads too, through init_cfg and mmengine
     dst = tmp_path / 'backbone.pth'
-    _tool('convert_official_checkpoint').main([str(src), str(dst)])
+    load_tool('convert_official_checkpoint').main([str(src), str(dst)])
     assert load_checkpoint_file(str(dst))['meta']['converted_from'] == src.name
     model = PaCaViT(arch=ARCH, init_cfg=dict(type='Pretrained', checkpoint=str(dst),
                                              strict=True))
@@ -260,7 +251,7 @@ def test_good_checkpoints_load_without_opt_in(tmp_path, mechanism):
         set(ref.state_dict())
 
 
-def test_opt_in_argument_and_env_var(tmp_path, monkeypatch, mechanism):
+def test_opt_in_argument_and_env_var(tmp_path, monkeypatch, mechanism, load_tool):
     from mmengine.runner import CheckpointLoader
     path = _benign(tmp_path / 'trusted.pth')
     for load in (load_checkpoint_file, CheckpointLoader.load_checkpoint):
@@ -270,7 +261,7 @@ def test_opt_in_argument_and_env_var(tmp_path, monkeypatch, mechanism):
     # the argument
     assert load_checkpoint_file(path, trust=True)['meta']['args'].lr == 0.1
     dst = tmp_path / 'converted.pth'
-    tool = _tool('convert_official_checkpoint')
+    tool = load_tool('convert_official_checkpoint')
     with pytest.raises(SystemExit, match='argparse.Namespace'):
         tool.main([path, str(dst)])
     tool.main([path, str(dst), '--trust-checkpoint'])
@@ -307,7 +298,7 @@ def _seg_model_checkpoint(tmp_path, benign=False):
     return str(path), model
 
 
-def test_visualization_loaders(tmp_path, mechanism):
+def test_visualization_loaders(tmp_path, mechanism, load_tool):
     """paca_mm.visualization.inference (tools/visualize_clusters.py, tools/image_demo.py)."""
     pytest.importorskip('mmseg')
     cv2 = pytest.importorskip('cv2')
@@ -320,10 +311,10 @@ def test_visualization_loaders(tmp_path, mechanism):
             build_model(CONFIG, path)
         _check_refusal(str(e.value), kind)
         with pytest.raises(CheckpointError):
-            _tool('visualize_clusters').main([CONFIG, path, image, '--out',
+            load_tool('visualize_clusters').main([CONFIG, path, image, '--out',
                                               str(tmp_path / 'vis')])
         with pytest.raises(CheckpointError):
-            _tool('image_demo').main([CONFIG, path, image, '--out', str(tmp_path / 'o.png')])
+            load_tool('image_demo').main([CONFIG, path, image, '--out', str(tmp_path / 'o.png')])
         assert not marker.exists()
     trusted, ref = _seg_model_checkpoint(tmp_path, benign=True)
     with pytest.raises(CheckpointError, match='argparse.Namespace'):
@@ -332,7 +323,7 @@ def test_visualization_loaders(tmp_path, mechanism):
     model = build_model(CONFIG, trusted, trust=True)
     for k, v in ref.state_dict().items():
         assert torch.equal(model.state_dict()[k], v), k
-    out = _tool('image_demo').main([CONFIG, trusted, image, '--out', str(tmp_path / 'o.png'),
+    out = load_tool('image_demo').main([CONFIG, trusted, image, '--out', str(tmp_path / 'o.png'),
                                     '--trust-checkpoint'])
     assert out['task'] == 'seg' and osp.isfile(out['out_file'])
 

@@ -5,7 +5,6 @@ visualize_clusters.py and benchmark.py.
 The pass has no inference piece today (docs/benchmarks.md), so each test plants a spy
 piece in ``INFERENCE_PIECES``: it wraps every ConvFFN and counts the forwards that went
 through the fused model, which proves that the tool's own inference ran on it."""
-import importlib.util
 import os.path as osp
 
 import pytest
@@ -51,14 +50,6 @@ def spy(monkeypatch):
     return messages
 
 
-def _tool(name):
-    path = osp.join(ROOT, 'tools', *name.split('/')) + '.py'
-    spec = importlib.util.spec_from_file_location(f'_paca_tool_{name.replace("/", "_")}', path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _n_ffn(model):
     return sum(isinstance(m, ConvFFN) for m in model.modules())
 
@@ -89,7 +80,7 @@ def seg_data(tmp_path_factory):
 
 
 @pytest.mark.parametrize('no_fuse', [False, True], ids=['fused', 'no-fuse'])
-def test_test_tool(tmp_path, seg_data, spy, no_fuse):
+def test_test_tool(tmp_path, seg_data, spy, no_fuse, load_tool):
     """tools/test.py: the test loop's forwards run through the fused model on the CPU."""
     torch.manual_seed(0)
     model = build_model(SEG_CONFIG)
@@ -98,7 +89,7 @@ def test_test_tool(tmp_path, seg_data, spy, no_fuse):
     torch.save({'state_dict': model.state_dict(), 'meta': {}}, ckpt)
     args = [SEG_CONFIG, ckpt, '--work-dir', str(tmp_path / 'work'), '--cfg-options'] + \
         [f'{s}_dataloader.dataset.data_root={seg_data}' for s in ('train', 'val', 'test')]
-    metrics = _tool('test').main(args + (['--no-fuse'] if no_fuse else []))
+    metrics = load_tool('test').main(args + (['--no-fuse'] if no_fuse else []))
     assert 'mIoU' in metrics
     if no_fuse:
         assert _SpyFFN.calls == 0 and 'CPU inference pass off (--no-fuse)' in spy
@@ -108,14 +99,14 @@ def test_test_tool(tmp_path, seg_data, spy, no_fuse):
 
 
 @pytest.mark.parametrize('no_fuse', [False, True], ids=['fused', 'no-fuse'])
-def test_image_demo_and_visualize_clusters(tmp_path, spy, no_fuse):
+def test_image_demo_and_visualize_clusters(tmp_path, spy, no_fuse, load_tool):
     cv2 = pytest.importorskip('cv2')
     img = str(tmp_path / 'img.png')
     cv2.imwrite(img, (torch.rand(40, 48, 3) * 255).byte().numpy())
     flag = ['--no-fuse'] if no_fuse else []
-    _tool('image_demo').main([CLS_CFG, 'none', img, '--out', str(tmp_path / 'out.png')] + flag)
+    load_tool('image_demo').main([CLS_CFG, 'none', img, '--out', str(tmp_path / 'out.png')] + flag)
     demo_calls = _SpyFFN.calls
-    _tool('visualize_clusters').main([CLS_CFG, 'none', img, '--out', str(tmp_path / 'vis'),
+    load_tool('visualize_clusters').main([CLS_CFG, 'none', img, '--out', str(tmp_path / 'vis'),
                                       '--no-per-cluster'] + flag)
     if no_fuse:
         assert demo_calls == _SpyFFN.calls == 0
@@ -128,10 +119,10 @@ def test_image_demo_and_visualize_clusters(tmp_path, spy, no_fuse):
 
 
 @pytest.mark.parametrize('no_fuse', [False, True], ids=['fused', 'no-fuse'])
-def test_benchmark_forward_figures(tmp_path, spy, no_fuse, capsys):
+def test_benchmark_forward_figures(tmp_path, spy, no_fuse, capsys, load_tool):
     """benchmark.py times the forwards of the fused PaCa model and the forward+backward of
     the unfused one (the pass works in place and is for inference only)."""
-    tool = _tool('benchmark')
+    tool = load_tool('benchmark')
     tool.main(['--models', 'paca_tiny', '--sizes', '32', '--repeats', '2', '--warmup', '1',
                '--settle', '1', '--threads', '1', '--skip-memory', '--out', str(tmp_path)]
               + (['--no-fuse'] if no_fuse else []))

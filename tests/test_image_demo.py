@@ -1,7 +1,6 @@
 """tools/image_demo.py: detection, segmentation and classification with random tiny models
 saved to checkpoints (the tool must load them: its predictions equal the saved model's)."""
 import glob
-import importlib.util
 import os.path as osp
 
 import numpy as np
@@ -26,14 +25,6 @@ def _det_cfg():
     return found[0] if found else OWN_DET_CFG
 
 
-def _tool():
-    spec = importlib.util.spec_from_file_location(
-        '_tool_image_demo', osp.join(ROOT, 'tools', 'image_demo.py'))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def _image(path, h, w, seed=0):
     """A dark noisy image with a bright disc and square (BGR, written as PNG)."""
     rng = np.random.default_rng(seed)
@@ -55,7 +46,7 @@ def _check_png(path, shape):
     return img
 
 
-def test_image_demo_segmentation(tmp_path):
+def test_image_demo_segmentation(tmp_path, load_tool):
     pytest.importorskip('mmseg')
     from mmseg.apis import inference_model
     torch.manual_seed(0)
@@ -67,7 +58,7 @@ def test_image_demo_segmentation(tmp_path):
     img_path = str(tmp_path / 'img.png')
     img = _image(img_path, 96, 128)
     out_file = str(tmp_path / 'out' / 'seg.png')
-    out = _tool().main([SEG_CFG, ckpt, img_path, '--out', out_file])
+    out = load_tool('image_demo').main([SEG_CFG, ckpt, img_path, '--out', out_file])
     assert out['task'] == 'seg'
     drawn = _check_png(out_file, img.shape[:2])
     assert not np.array_equal(drawn, img)  # the colourised map was blended in
@@ -78,7 +69,7 @@ def test_image_demo_segmentation(tmp_path):
     torch.testing.assert_close(out['result'].seg_logits.data, ref.seg_logits.data)
 
 
-def test_image_demo_detection(tmp_path):
+def test_image_demo_detection(tmp_path, load_tool):
     pytest.importorskip('mmdet')
     from mmdet.apis import inference_detector
     cfg = _det_cfg()
@@ -89,7 +80,7 @@ def test_image_demo_detection(tmp_path):
     img_path = str(tmp_path / 'img.png')
     img = _image(img_path, 112, 144, seed=1)
     out_file = str(tmp_path / 'det.png')
-    out = _tool().main([cfg, ckpt, img_path, '--out', out_file, '--score-thr', '0'])
+    out = load_tool('image_demo').main([cfg, ckpt, img_path, '--out', out_file, '--score-thr', '0'])
     assert out['task'] == 'det'
     drawn = _check_png(out_file, img.shape[:2])
     inst = out['result'].pred_instances
@@ -103,7 +94,7 @@ def test_image_demo_detection(tmp_path):
     torch.testing.assert_close(inst.bboxes, ref.bboxes)
 
 
-def test_image_demo_classification(tmp_path):
+def test_image_demo_classification(tmp_path, load_tool):
     pytest.importorskip('mmpretrain')
     from paca_mm.visualization import classify
     from paca_mm.visualization.inference import load_image
@@ -114,7 +105,7 @@ def test_image_demo_classification(tmp_path):
     img_path = str(tmp_path / 'img.png')
     _image(img_path, 64, 64, seed=2)
     out_file = str(tmp_path / 'cls.png')
-    out = _tool().main([CLS_CFG, ckpt, img_path, '--out', out_file, '--topk', '3'])
+    out = load_tool('image_demo').main([CLS_CFG, ckpt, img_path, '--out', out_file, '--topk', '3'])
     assert out['task'] == 'cls'
     assert osp.isfile(out_file) and cv2.imread(out_file) is not None
     ref = classify(model, load_image(model.cfg, img_path)[None])[0]
@@ -123,7 +114,7 @@ def test_image_demo_classification(tmp_path):
     assert sum(p for _, p in out['top']) <= 1.0 + 1e-6
 
 
-def test_image_demo_errors(tmp_path):
+def test_image_demo_errors(tmp_path, load_tool):
     with pytest.raises(FileNotFoundError):
-        _tool().main([CLS_CFG, 'none', str(tmp_path / 'missing.png'), '--out',
+        load_tool('image_demo').main([CLS_CFG, 'none', str(tmp_path / 'missing.png'), '--out',
                       str(tmp_path / 'x.png')])

@@ -111,13 +111,9 @@ def test_metafile_parameters_match_the_built_model(model):
 
 @pytest.mark.parametrize('name', ['pacahead_pacavit_convmixer_tiny_100_512x512_160k_ade20k',
                                   'pacavit_tiny_p2cconv_100_0_8xb128_in1k'])
-def test_metafile_flops_are_what_get_flops_measures(name):
+def test_metafile_flops_are_what_get_flops_measures(name, load_tool):
     """Spot check (the detectors take ~30 s each): the metafile FLOPs are tools/get_flops.py's."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location('get_flops', osp.join(ROOT, 'tools',
-                                                                         'get_flops.py'))
-    get_flops = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(get_flops)
+    get_flops = load_tool('get_flops')
     (model, ) = [m for _, m in MODELS if m['Name'] == name]
     with torch.no_grad():
         res = get_flops.measure(config=osp.join(ROOT, model['Config']))

@@ -236,18 +236,9 @@ def test_cpu_ddp_wrapper_reverts_syncbn(tmp_path):
         dist.destroy_process_group()
 
 
-def _load_tool(name):
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(f'paca_tools_{name}',
-                                                  osp.join(ROOT, 'tools', f'{name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_tool_cli_errors(tmp_path, monkeypatch):
+def test_tool_cli_errors(tmp_path, monkeypatch, load_tool):
     monkeypatch.setenv('LOCAL_RANK', '0')  # parse_args exports it; restored afterwards
-    test_tool, train_tool = _load_tool('test'), _load_tool('train')
+    test_tool, train_tool = load_tool('test'), load_tool('train')
     with pytest.raises(FileNotFoundError, match='does not exist'):
         test_tool.main([CONFIG, str(tmp_path / 'missing.pth')])
     args = train_tool.parse_args([CONFIG, '--resume'])

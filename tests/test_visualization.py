@@ -1,7 +1,6 @@
 """Cluster explainer (paper Sec. 3.3): heatmaps, Eqn. 7 masks, positive/negative groups,
 figures, tools/visualize_clusters.py and PaCaClusterVisHook."""
 import glob
-import importlib.util
 import json
 import os.path as osp
 
@@ -35,14 +34,6 @@ def classifier():
 def _raw(h=64, w=64, seed=0):
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, 256, (3, h, w), generator=g).float()
-
-
-def _load_tool(name):
-    spec = importlib.util.spec_from_file_location(f'_tool_{name}',
-                                                  osp.join(ROOT, 'tools', f'{name}.py'))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_stage_logits_shapes_and_state(classifier):
@@ -155,13 +146,13 @@ def test_explain_image_writes_figures(classifier, tmp_path):
     assert summary['label_name'] == 'abcd'[out['result'].label]
 
 
-def test_visualize_clusters_tool(classifier, tmp_path):
+def test_visualize_clusters_tool(classifier, tmp_path, load_tool):
     ckpt = str(tmp_path / 'model.pth')
     torch.save({'state_dict': classifier.state_dict(),
                 'meta': {'dataset_meta': {'classes': ['c0', 'c1', 'c2', 'c3']}}}, ckpt)
     img = str(tmp_path / 'img.png')
     cv2.imwrite(img, _raw(64, 64, 5).permute(1, 2, 0).numpy().astype(np.uint8))
-    tool = _load_tool('visualize_clusters')
+    tool = load_tool('visualize_clusters')
     out_dir = str(tmp_path / 'vis')
     out = tool.main([CLS_CFG, ckpt, img, '--stage', '3', '--out', out_dir, '--groups',
                      '--topk', '2', '--label', '1', '--tile', '48'])
@@ -176,7 +167,7 @@ def test_visualize_clusters_tool(classifier, tmp_path):
     torch.testing.assert_close(out['logits'], ref)
 
 
-def test_heatmaps_for_segmentor(tmp_path):
+def test_heatmaps_for_segmentor(tmp_path, load_tool):
     pytest.importorskip('mmseg')
     model = build_model(SEG_CFG, None)
     from paca_mm.visualization.inference import load_image
@@ -188,7 +179,7 @@ def test_heatmaps_for_segmentor(tmp_path):
                         tile=32)
     assert out['logits'].shape == (100, 5, 8)
     _check_png(out['heatmaps'])
-    tool = _load_tool('visualize_clusters')
+    tool = load_tool('visualize_clusters')
     with pytest.raises(SystemExit, match='classification'):
         tool.main([SEG_CFG, 'none', img, '--groups'])
 

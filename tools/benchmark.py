@@ -287,8 +287,9 @@ def run(args):
     torch.manual_seed(0)
     models = {n: build(n, args.device) for n in args.models}
     fused = {n: for_inference(m, args.device, 'fused' in args.engine) for n, m in models.items()}
+    unchanged = {n: unchanged_by_pass(fused[n], models[n]) for n in models}
     if 'fused' in args.engine:
-        names = [n for n in models if not unchanged_by_pass(fused[n], models[n])]
+        names = [n for n in models if not unchanged[n]]
         print(f'fused: the CPU inference pass changed {", ".join(names) or "no model"}; the '
               'others run as built, so their fused figure is their eager one', flush=True)
     elif args.no_fuse:
@@ -316,8 +317,7 @@ def run(args):
         # warmed up and timed once, its figure given for both (timing a copy twice gives
         # two figures for one forward, which differ by the order they ran in)
         same = {(n, 'fused'): (n, 'eager') for n in models
-                if unchanged_by_pass(fused[n], models[n]) and (n, 'eager') in runners
-                and (n, 'fused') in runners}
+                if unchanged[n] and (n, 'eager') in runners and (n, 'fused') in runners}
         for (n, e), fn in runners.items():  # warm-up (compiles)
             if (n, e) in same:
                 continue
@@ -515,9 +515,9 @@ def main(argv=None):
     p.add_argument('--settle', type=int, default=1,
                    help='untimed forwards (fwd+bwd: training steps) of the same model and '
                    'engine right before each timed one, so that it measures that engine\'s '
-                   'steady state, not the switch '
-                   'from the model or engine before it (fresh allocations: page faults; cold '
-                   'caches), which cost one model more than another (0: time the first run)')
+                   'steady state, not the switch from the model or engine before it (fresh '
+                   'allocations: page faults; cold caches), which cost one model more than '
+                   'another (0: time the first run)')
     p.add_argument('--no-fuse', action='store_true',
                    help='time the PaCa models without the CPU inference pass '
                    '(paca_mm.fuse_for_cpu_inference; the same as --engine eager)')
