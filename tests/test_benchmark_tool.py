@@ -182,3 +182,17 @@ def test_benchmark_rejects_bad_counts(tmp_path):
     for extra in (['--settle', '-1'], ['--repeats', '0']):
         res = subprocess.run(base + extra, capture_output=True, text=True, timeout=120)
         assert res.returncode == 2 and '--repeats must be >= 1' in res.stderr
+
+
+@pytest.mark.parametrize('scope', ['mmpretrain', 'mmseg'])
+def test_benchmark_builds_in_mmdet_scope(load_tool, scope):
+    """The peers are mmdet's models whichever default scope is current: under mmpretrain's
+    scope (set by a test or tool run earlier in the same process) ``swin_t`` used to build
+    mmpretrain's SwinTransformer and fail on ``embed_dims``."""
+    from mmdet.models.backbones import SwinTransformer
+    from mmengine.registry import DefaultScope
+    bench = load_tool('benchmark')
+    with DefaultScope.overwrite_default_scope(scope):
+        model = bench.build('swin_t', 'cpu')
+        assert DefaultScope.get_current_instance().scope_name == scope  # left as it was
+    assert type(model) is SwinTransformer

@@ -94,8 +94,11 @@ def build(name, device):
     import paca_mm  # noqa: F401  (registers PaCaViT)
     from mmdet.registry import MODELS as DET_MODELS
     from mmdet.utils import register_all_modules
+    from mmengine.registry import DefaultScope
     register_all_modules(init_default_scope=False)
-    model = DET_MODELS.build(dict(MODELS[name])).to(device)
+    # In mmdet's scope whatever scope is current (mmpretrain has a SwinTransformer too).
+    with DefaultScope.overwrite_default_scope('mmdet'):
+        model = DET_MODELS.build(dict(MODELS[name])).to(device)
     model.eval()  # (mmdet's SwinTransformer.train() returns None: don't chain)
     return model
 
