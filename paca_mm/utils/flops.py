@@ -1,7 +1,9 @@
 """FLOP (fvcore-style MAC) counting with mmengine's ``FlopAnalyzer``, attention included.
 
 mmengine has no handle for ``aten::scaled_dot_product_attention`` and silently drops it;
-:func:`count` adds one (and for ``baddbmm``/``addbmm``). Used by ``tools/get_flops.py`` and
+:func:`count` adds one (and for ``baddbmm``/``addbmm``, and for ConvFFN's
+:class:`~paca_mm.models.layers.common.DWConvGELULinear`, which the tracer records as one
+``prim::PythonOp``). Used by ``tools/get_flops.py`` and
 ``tools/benchmark.py``.
 """
 import warnings
@@ -41,10 +43,19 @@ def baddbmm_flop_jit(inputs: List, outputs: List) -> int:
     return n * c * t * b2[-1]
 
 
+def dwconv_gelu_linear_flop_jit(inputs: List, outputs: List) -> int:
+    """MACs of ConvFFN's tail ``fc(GELU(h + DWConv3x3(h)))``: h (B, rC, H, W), fc weight
+    (C, rC); the depth-wise 3x3 conv (9 per element of h) and the linear (C per element),
+    as mmengine counts ``aten::_convolution`` and ``aten::linear``."""
+    h, fc_weight = get_shape(inputs[0]), get_shape(inputs[3])
+    return _prod(h) * (9 + fc_weight[0])
+
+
 EXTRA_HANDLES = {
     'aten::scaled_dot_product_attention': sdpa_flop_jit,
     'aten::baddbmm': baddbmm_flop_jit,
     'aten::addbmm': baddbmm_flop_jit,
+    'prim::PythonOp.DWConvGELULinear': dwconv_gelu_linear_flop_jit,
 }
 
 

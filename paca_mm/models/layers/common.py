@@ -34,19 +34,89 @@ class LayerNorm2d(nn.LayerNorm):
 
 
 class DWConvShortcut(nn.Module):
-    """3x3 depth-wise conv on (B, N, C) tokens of an H x W grid, plus its input."""
+    """The 3x3 depth-wise conv of :class:`ConvFFN`'s ``h + DWConv(h)`` (official key
+    ``mlp.dwconv.dwconv``); :class:`DWConvGELULinear` computes it."""
 
     def __init__(self, dim: int):
         super().__init__()
         self.dwconv = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
 
-    def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
-        return x + map_to_tokens(self.dwconv(tokens_to_map(x, hw)))
+
+def _plus_identity(dw_weight: torch.Tensor) -> torch.Tensor:
+    """The (C, 1, 3, 3) kernel of ``h + DWConv(h)``: the DWConv's with 1 added at its centre."""
+    return dw_weight + F.pad(torch.ones_like(dw_weight[:, :, 1:2, 1:2]), [1, 1, 1, 1])
+
+
+class DWConvGELULinear(torch.autograd.Function):
+    """``fc(drop(GELU(DWConv3x3(h))))``: a (B, rC, H, W) map ``h`` -> (B, N, C) tokens; the
+    tail of :class:`ConvFFN`, whose kernel includes the shortcut (:func:`_plus_identity`).
+
+    Autograd through these ops would keep three activations of the block's widest shape:
+    ``h`` (for the conv's weight gradient), the conv's output (GELU's) and the GELU's output
+    (fc's). This backward keeps only ``h`` and recomputes the other two, a depth-wise conv
+    and a GELU: a training step's saved activations shrink by a third for a few % more time
+    (docs/benchmarks.md, issue 20). The gradients are autograd's through the plain ops
+    (tests/test_memory_efficient_ffn.py).
+
+    ``mask``: None, or the bool keep-mask (shaped as ``h``) of a dropout with probability
+    ``p``. Under autocast the forward's ops run as autocast casts them, and the backward
+    recomputes in the dtype of ``h``. ONNX export (TorchScript exporter) through
+    :meth:`symbolic`.
+    """
+
+    @staticmethod
+    def forward(ctx, h, dw_weight, dw_bias, fc_weight, fc_bias, mask, p):
+        a = F.gelu(F.conv2d(h, dw_weight, dw_bias, padding=1, groups=h.shape[1]))
+        if mask is not None:
+            a = a * mask / (1 - p)
+        ctx.save_for_backward(h, dw_weight, dw_bias, fc_weight, mask)
+        ctx.p = p
+        return F.linear(map_to_tokens(a), fc_weight, fc_bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        h, dw_weight, dw_bias, fc_weight, mask = ctx.saved_tensors
+        dtype, groups = h.dtype, h.shape[1]
+        weight = dw_weight.to(dtype)
+        u = F.conv2d(h, weight, dw_bias.to(dtype), padding=1, groups=groups)
+        a = F.gelu(u)
+        grad = grad.to(dtype)
+        grad_a = tokens_to_map(grad.matmul(fc_weight.to(dtype)), h.shape[2:])
+        if mask is not None:
+            a = a * mask / (1 - ctx.p)
+            grad_a = grad_a * mask / (1 - ctx.p)
+        grad_rows = grad.flatten(0, -2)
+        grad_fc_weight = grad_rows.t().mm(map_to_tokens(a).flatten(0, -2))
+        grad_h, grad_dw_weight, grad_dw_bias = torch.ops.aten.convolution_backward(
+            torch.ops.aten.gelu_backward(grad_a, u), h, weight, [groups], [1, 1], [1, 1],
+            [1, 1], False, [0, 0], groups, [True, True, True])
+        return (grad_h, grad_dw_weight, grad_dw_bias, grad_fc_weight, grad_rows.sum(0), None,
+                None)
+
+    @staticmethod
+    def symbolic(g, h, dw_weight, dw_bias, fc_weight, fc_bias, mask, p):
+        """The forward in ONNX ops (inference: no dropout): Conv, GELU as
+        ``u * 0.5 * (1 + erf(u / sqrt(2)))``, tokens, MatMul + Add."""
+        if mask is not None and not mask.node().mustBeNone():
+            raise RuntimeError('DWConvGELULinear: ONNX export is for inference; call '
+                               'model.eval() before exporting (dropout is on)')
+
+        def const(value):
+            return g.op('Constant', value_t=torch.tensor(value))
+
+        u = g.op('Conv', h, dw_weight, dw_bias, group_i=dw_bias.type().sizes()[0],
+                 kernel_shape_i=[3, 3], pads_i=[1, 1, 1, 1])
+        erf = g.op('Erf', g.op('Div', u, const(2 ** 0.5)))
+        a = g.op('Mul', g.op('Mul', u, g.op('Add', erf, const(1.))), const(.5))
+        tokens = g.op('Transpose', g.op('Reshape', a, const([0, 0, -1])), perm_i=[0, 2, 1])
+        out = g.op('MatMul', tokens, g.op('Transpose', fc_weight, perm_i=[1, 0]))
+        return g.op('Add', out, fc_bias)
 
 
 class ConvFFN(nn.Module):
     """Inverted-residual FFN (official ``Mlp`` with dwconv and shortcut):
-    fc1 (C -> rC), DWConv3x3 + shortcut, GELU, dropout, fc2 (rC -> C), dropout.
+    fc1 (C -> rC), DWConv3x3 + shortcut, GELU, dropout, fc2 (rC -> C), dropout; all after
+    fc1 in :class:`DWConvGELULinear`.
 
     (B, N, C) tokens on an H x W grid -> (B, N, C).
     """
@@ -56,10 +126,13 @@ class ConvFFN(nn.Module):
         hidden = int(dim * mlp_ratio)
         self.fc1 = nn.Linear(dim, hidden)
         self.dwconv = DWConvShortcut(hidden)
-        self.act = nn.GELU()
         self.fc2 = nn.Linear(hidden, dim)
         self.drop = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
-        x = self.drop(self.act(self.dwconv(self.fc1(x), hw)))
-        return self.drop(self.fc2(x))
+        h = tokens_to_map(self.fc1(x), hw)
+        p = self.drop.p if self.training else 0.
+        mask = torch.empty_like(h, dtype=torch.bool).bernoulli_(1 - p) if p > 0 else None
+        dw = self.dwconv.dwconv
+        return self.drop(DWConvGELULinear.apply(h, _plus_identity(dw.weight), dw.bias,
+                                                self.fc2.weight, self.fc2.bias, mask, p))
