@@ -196,3 +196,29 @@ def test_benchmark_builds_in_mmdet_scope(load_tool, scope):
         model = bench.build('swin_t', 'cpu')
         assert DefaultScope.get_current_instance().scope_name == scope  # left as it was
     assert type(model) is SwinTransformer
+
+
+@pytest.mark.slow
+def test_train_step_time_tool(tmp_path, load_tool):
+    """tools/train_step_time.py trains the config twice through tools/train.py, eager and
+    with mmengine's ``compile`` option (``aot_eager`` here to keep the suite's time), and
+    reports both median step times and their ratio."""
+    from mmengine.config import Config
+    tool = load_tool('train_step_time')
+    config = osp.join(ROOT, 'tests', 'data', 'tools_tiny_seg.py')
+    medians = tool.main([config, '--data', 'seg', '--work-dir', str(tmp_path), '--iters', '3',
+                         '--skip', '1', '--backend', 'aot_eager', '--cfg-options',
+                         'param_scheduler.0.eta_min=1e-5'])
+    assert set(medians) == {'eager', 'compiled'} and min(medians.values()) > 0
+    md = (tmp_path / 'train_step_time.md').read_text()
+    assert 'backend aot_eager' in md and '| tools_tiny_seg.py |' in md
+    assert f'{medians["compiled"] / medians["eager"]:.2f} |' in md
+    for mode, compiled in (('eager', None), ('compiled', dict(backend='aot_eager'))):
+        dumped = Config.fromfile(str(tmp_path / mode / 'tools_tiny_seg.py'))
+        assert dumped.get('compile') == compiled and dumped.train_cfg.max_iters == 3
+
+
+def test_train_step_time_rejects_bad_counts(load_tool):
+    tool = load_tool('train_step_time')
+    with pytest.raises(SystemExit):
+        tool.main(['some_config.py', '--iters', '3', '--skip', '3'])

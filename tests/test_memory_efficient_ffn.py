@@ -229,3 +229,21 @@ def test_compiled_gradients_equal_eager():
     torch.testing.assert_close(compiled, eager)
     for g, g_ref in zip(_grads(compiled, tensors), _grads(eager, tensors)):
         torch.testing.assert_close(g, g_ref)
+
+
+def test_onnx_export_in_training_mode_with_dropout_is_refused(tmp_path):
+    """The ONNX form has no dropout: an export that keeps training mode (and so the
+    dropout mask) stops with an error saying so instead of dropping it silently."""
+    from paca_mm.deployment import exporter_kwargs
+
+    class Wrap(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ffn = ConvFFN(8, drop=0.1)
+
+        def forward(self, x):
+            return self.ffn(x, (3, 4))
+
+    with pytest.raises(RuntimeError, match='ONNX export is for inference'):
+        torch.onnx.export(Wrap().train(), (torch.randn(1, 12, 8), ), str(tmp_path / 'f.onnx'),
+                          training=torch.onnx.TrainingMode.TRAINING, **exporter_kwargs())
