@@ -64,3 +64,19 @@ def plain_conv_ffn(monkeypatch):
             yield
 
     return use
+
+
+def _relative_grad_errors(grads, ref):
+    """{name: |g - g_ref| / |g_ref|}; a gradient that is 0 up to rounding (below 1e-9 of the
+    largest: ``attn.k.bias`` and the clustering logits' bias, which the softmax ignores) is
+    measured against the largest gradient instead."""
+    assert grads.keys() == ref.keys()
+    scale = max(g.norm() for g in ref.values())
+    return {n: ((grads[n] - ref[n]).norm() / max(ref[n].norm(), 1e-9 * scale)).item()
+            for n in ref}
+
+
+@pytest.fixture
+def grad_errors():
+    """``grad_errors(grads, ref)``: relative error of each parameter gradient."""
+    return _relative_grad_errors

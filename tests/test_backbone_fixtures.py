@@ -84,18 +84,8 @@ def _loss_and_grads(model, x, weights):
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def relative_grad_errors(grads, ref):
-    """{name: |g - g_ref| / |g_ref|}, where a gradient that is 0 up to rounding (below
-    1e-9 of the largest; e.g. ``attn.k.bias`` and the clustering logits' bias, which the
-    softmax ignores) is measured against the largest gradient instead."""
-    assert grads.keys() == ref.keys()
-    scale = max(g.norm() for g in ref.values())
-    return {n: ((grads[n] - ref[n]).norm() / max(ref[n].norm(), 1e-9 * scale)).item()
-            for n in ref}
-
-
 @pytest.mark.parametrize('name', sorted(CASES))
-def test_fixture_gradients_equal_plain_autograd(name, plain_conv_ffn):
+def test_fixture_gradients_equal_plain_autograd(name, plain_conv_ffn, grad_errors):
     """Issue 20: the training path's parameter gradients (memory-efficient ConvFFN
     backward) equal autograd's through the plain ops, on every fixture model in train mode,
     in float64 (where the comparison measures the math, not float32 rounding, which the
@@ -108,5 +98,5 @@ def test_fixture_gradients_equal_plain_autograd(name, plain_conv_ffn):
     ours = _loss_and_grads(model, x, weights)
     with plain_conv_ffn():
         ref = _loss_and_grads(model, x, weights)
-    worst = max(relative_grad_errors(ours, ref).items(), key=lambda kv: kv[1])
+    worst = max(grad_errors(ours, ref).items(), key=lambda kv: kv[1])
     assert worst[1] < 1e-8, f'{name}: {worst}'

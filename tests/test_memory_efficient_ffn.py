@@ -108,7 +108,7 @@ def test_backbone_saves_less(plain_conv_ffn):
 
 
 @pytest.mark.parametrize('arch,size', [('tiny', (61, 93)), ('small', (45, 70))])
-def test_backbone_gradients_equal_plain_autograd(arch, size, plain_conv_ffn):
+def test_backbone_gradients_equal_plain_autograd(arch, size, plain_conv_ffn, grad_errors):
     """PaCa-Tiny/Small in train mode (drop path and dropout on, same random draws) at sizes
     that are not multiples of 32: float64 parameter gradients equal the plain ops'."""
     torch.manual_seed(0)
@@ -117,7 +117,7 @@ def test_backbone_gradients_equal_plain_autograd(arch, size, plain_conv_ffn):
     ours, ref = _backbone_grads(model, x), None
     with plain_conv_ffn():
         ref = _backbone_grads(model, x)
-    errors = _relative_errors(ours, ref)
+    errors = grad_errors(ours, ref)
     worst = max(errors, key=errors.get)
     assert errors[worst] < 1e-8, (worst, errors[worst])
 
@@ -131,16 +131,7 @@ def _backbone_grads(model, x, seed=0):
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def _relative_errors(grads, ref):
-    """As tests/test_backbone_fixtures.py: a gradient that is 0 up to rounding (the softmax
-    ignores ``attn.k.bias``) is measured against the largest one."""
-    assert grads.keys() == ref.keys()
-    scale = max(g.norm() for g in ref.values())
-    return {n: ((grads[n] - ref[n]).norm() / max(ref[n].norm(), 1e-9 * scale)).item()
-            for n in ref}
-
-
-def test_float32_gradients_as_accurate_as_autograd(plain_conv_ffn):
+def test_float32_gradients_as_accurate_as_autograd(plain_conv_ffn, grad_errors):
     """In float32 the gradients are as close to the float64 truth as autograd's through
     the plain ops are (both err by float32 rounding, amplified by the near-uniform attention
     of a random model; no parameter more than 1.5 times autograd's error)."""
@@ -152,8 +143,8 @@ def test_float32_gradients_as_accurate_as_autograd(plain_conv_ffn):
         model.float()
         plain = _backbone_grads(model, x.float())
     ours = _backbone_grads(model, x.float())
-    err_ours = _relative_errors({n: g.double() for n, g in ours.items()}, truth)
-    err_plain = _relative_errors({n: g.double() for n, g in plain.items()}, truth)
+    err_ours = grad_errors({n: g.double() for n, g in ours.items()}, truth)
+    err_plain = grad_errors({n: g.double() for n, g in plain.items()}, truth)
     worse = {n: (err_ours[n], err_plain[n]) for n in truth
              if err_ours[n] > 1.5 * err_plain[n] + 1e-6}
     assert not worse, worse
