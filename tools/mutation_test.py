@@ -1,7 +1,8 @@
 """Mutation testing: plant one small bug at a time and check that the test suite notices.
 
     python tools/mutation_test.py [FILES...] [--tests T ...] [--limit N] [--seed S]
-                                  [--list] [--report FILE]
+                                  [--only PATH:LINE[:COL] ...] [--jobs J] [--list]
+                                  [--report FILE]
 
 Each mutant changes one token of one source file, the kind of slip a change could make:
 an arithmetic or comparison operator (``+`` ↔ ``-``, ``*`` ↔ ``/``, ``<`` ↔ ``<=``,
@@ -9,9 +10,11 @@ an arithmetic or comparison operator (``+`` ↔ ``-``, ``*`` ↔ ``/``, ``<`` �
 numeric literal (an integer plus one, a float times ten). Strings, comments and docstrings
 are never touched; a line ending in ``# pragma: no mutate`` is skipped.
 
-For every mutant the repository is copied to a temporary folder (once), the mutated file
-written there, and the selected tests run against that copy in a fresh process
-(``pytest -x``, so a killed mutant stops at its first failing test). A mutant *survives*
+The repository is copied to a temporary folder once per job (``--jobs``, default: one per
+CPU). For every mutant the mutated file is written into a copy, and the selected tests run
+against it in a child process forked from this one, which has already imported torch and
+the OpenMMLab toolboxes (never paca_mm): ``pytest -x``, so a killed mutant stops at its first
+failing test, and the tests that killed recent mutants run first. A mutant *survives*
 when every test passes. The report lists each survivor with its file, line and change, for
 a person to judge: harmless (an equivalent mutant) or a missing test.
 
@@ -36,7 +39,9 @@ DEFAULT_FILES = ['paca_mm/models', 'paca_mm/checkpoint.py']
 DEFAULT_TESTS = ['tests/test_spec_pinning.py', 'tests/test_backbone_fixtures.py',
                  'tests/test_backbone.py', 'tests/test_paca_operator.py',
                  'tests/test_paca_head.py', 'tests/test_errors.py',
-                 'tests/test_visualization.py']  # it pins record_clusters and its shapes
+                 'tests/test_visualization.py',  # it pins record_clusters and its shapes
+                 'tests/test_memory_efficient_ffn.py', 'tests/test_checkpoint_safety.py',
+                 'tests/test_atomic_checkpoints.py']
 OPERATORS = {'+': '-', '-': '+', '*': '/', '/': '*', '//': '/', '%': '//', '**': '*',
              '<': '<=', '<=': '<', '>': '>=', '>=': '>', '==': '!=', '!=': '==',
              '+=': '-=', '-=': '+=', '*=': '/=', '/=': '*=', '@': '*'}
@@ -125,79 +130,233 @@ def _copy_repo(dst: str) -> None:
     shutil.copytree(ROOT, dst, ignore=ignore)
 
 
-def run_tests(repo: str, tests: List[str], timeout: float) -> str:
-    """'killed', 'survived' or 'timeout' (a timeout counts as killed: the mutant hangs)."""
-    env = dict(os.environ, PYTHONPATH=repo, OMP_NUM_THREADS='1', PYTHONDONTWRITEBYTECODE='1')
-    # the copy lies outside the checkout: point the fixture tests at the checkout's fixtures
-    env.setdefault('PACA_FIXTURES', osp.join(osp.dirname(ROOT), 'shared', 'reference',
-                                             'fixtures'))
-    cmd = [sys.executable, '-m', 'pytest', '-x', '-q', '-p', 'no:cacheprovider',
-           '-m', 'not slow'] + tests
+# Third-party modules that the tests import. This process imports them once; each mutant's
+# tests then run in a child forked from it, which starts with them loaded: a fresh
+# interpreter would spend most of a killed mutant's time importing them. paca_mm itself is
+# never imported here, so every child imports the mutated copy.
+PRELOAD = ('numpy', 'torch', 'torchvision', 'pytest', 'mmengine.runner', 'mmcv.cnn',
+           'mmdet.models', 'mmseg.models', 'mmpretrain.models')
+KILLERS_KEPT = 40  # how many recently killing tests run first
+
+
+class _FailFirst:
+    """pytest plugin of a child: the tests that killed recent mutants run first (most
+    recent first; the rest keep their order), and the first failing test is recorded."""
+
+    def __init__(self, first: List[str]):
+        self.rank = {node: i for i, node in enumerate(first)}
+        self.killer = ''
+
+    def pytest_collection_modifyitems(self, items):
+        items.sort(key=lambda item: self.rank.get(item.nodeid, len(self.rank)))
+
+    def pytest_runtest_logreport(self, report):
+        if report.failed and not self.killer:
+            self.killer = report.nodeid
+
+
+def _run_child(repo: str, tests: List[str], first: List[str], log: str, pipe: int) -> None:
+    """In the forked child: run the tests on ``repo`` and exit with pytest's status."""
+    import pytest
+    os.setpgid(0, 0)  # the parent kills the whole group on a timeout
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    status = 4
     try:
-        proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True,
-                              timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return 'timeout'
-    if proc.returncode == 0:
-        return 'survived'
-    if proc.returncode in (1, 3):  # test failures / internal error from the mutant
-        return 'killed'
-    raise RuntimeError(f'pytest exited with {proc.returncode} (usage error?):\n'
-                       + proc.stdout[-2000:] + proc.stderr[-2000:])
+        sys.dont_write_bytecode = True  # a mutant of the same size and mtime second
+        os.chdir(repo)                  # must not be served from a stale .pyc
+        sys.path.insert(0, repo)
+        plugin = _FailFirst(first)
+        status = int(pytest.main(['-x', '-q', '-p', 'no:cacheprovider', '-m', 'not slow']
+                                 + tests, plugins=[plugin]))
+        module = sys.modules.get('paca_mm')
+        if module is not None and not osp.abspath(module.__file__).startswith(repo + os.sep):
+            print(f'the tests imported paca_mm from {module.__file__}, not from the mutated '
+                  f'copy {repo}')
+            status = 4
+        os.write(pipe, plugin.killer.encode())
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+
+
+class _Slot:
+    """One worker: its own copy of the repository, and the child running in it."""
+
+    def __init__(self, tmp: str, index: int):
+        self.repo = osp.join(tmp, f'repo{index}')
+        self.log = osp.join(tmp, f'pytest{index}.log')
+        _copy_repo(self.repo)
+        self.pid = 0
+
+    def start(self, tests: List[str], first: List[str], mutant=None) -> None:
+        self.mutant, self.original = mutant, None
+        if mutant is not None:
+            path = osp.join(self.repo, mutant.path)
+            with open(path) as f:
+                self.original = f.read()
+            with open(path, 'w') as f:
+                f.write(apply(self.original, mutant))
+        self.read, write = os.pipe()
+        self.started = time.time()
+        self.pid = os.fork()
+        if self.pid == 0:
+            os.close(self.read)
+            _run_child(self.repo, tests, first, self.log, write)
+        os.close(write)
+
+    def poll(self, timeout: float):
+        """None while the child runs; else (result, killing test, seconds)."""
+        pid, status = os.waitpid(self.pid, os.WNOHANG)
+        seconds = time.time() - self.started
+        if pid == 0 and seconds <= timeout:
+            return None
+        if pid == 0:  # a mutant that hangs counts as killed
+            os.killpg(self.pid, 9)
+            os.waitpid(self.pid, 0)
+            result = 'timeout'
+        else:
+            code = (os.WEXITSTATUS(status) if os.WIFEXITED(status)
+                    else -os.WTERMSIG(status))
+            if code == 0:
+                result = 'survived'
+            elif code in (1, 2, 3) or code < 0:  # failures, a collection (import) error,
+                result = 'killed'                # pytest's internal error, a crash
+            else:
+                with open(self.log) as f:
+                    raise RuntimeError(f'pytest exited with {code} (usage error?):\n'
+                                       + f.read()[-3000:])
+        with os.fdopen(self.read) as f:
+            killer = f.read()
+        if self.mutant is not None:
+            with open(osp.join(self.repo, self.mutant.path), 'w') as f:
+                f.write(self.original)
+        self.pid = 0
+        return result, killer, seconds
+
+
+def run_mutants(mutants: List[Mutant], tests: List[str], jobs: int, timeout: float,
+                report=None) -> dict:
+    """Test every mutant, ``jobs`` at a time; print (and append to ``report``) one line
+    each. Returns the counts of 'killed', 'survived' and 'timeout'."""
+    os.environ.update(OMP_NUM_THREADS='1', PACA_MM_TEST_THREADS='1',
+                      PYTHONDONTWRITEBYTECODE='1')
+    # the copies lie outside the checkout: point the fixture tests at the checkout's fixtures
+    os.environ.setdefault('PACA_FIXTURES', osp.join(osp.dirname(ROOT), 'shared',
+                                                    'reference', 'fixtures'))
+    for name in PRELOAD:
+        __import__(name)
+    counts = {'killed': 0, 'survived': 0, 'timeout': 0}
+    killers: List[str] = []
+    with tempfile.TemporaryDirectory(prefix='paca_mutation_') as tmp:
+        slots = [_Slot(tmp, i) for i in range(max(1, min(jobs, len(mutants))))]
+        os.environ['PYTHONPATH'] = slots[0].repo  # for tests that start subprocesses
+        slots[0].start(tests, [])
+        while (done := slots[0].poll(timeout)) is None:
+            time.sleep(0.2)
+        if done[0] != 'survived':
+            with open(slots[0].log) as f:
+                raise SystemExit('error: the tests fail on the unmutated code; fix them '
+                                 'first:\n' + f.read()[-3000:])
+        print(f'unmutated code: the tests pass in {done[2]:.0f} s; {len(mutants)} mutants, '
+              f'{len(slots)} at a time', flush=True)
+        todo, n = list(mutants), 0
+        while todo or any(s.pid for s in slots):
+            for slot in slots:
+                if slot.pid:
+                    done = slot.poll(timeout)
+                    if done is None:
+                        continue
+                    result, killer, seconds = done
+                    counts[result] += 1
+                    n += 1
+                    if killer:
+                        killers = [killer] + [k for k in killers if k != killer]
+                        del killers[KILLERS_KEPT:]
+                    line = (f'[{n}/{len(mutants)}] {result:8s} {slot.mutant}  ({seconds:.0f} s'
+                            + (f', {killer}' if killer else '') + ')')
+                    print(line, flush=True)
+                    if report:
+                        with open(report, 'a') as f:
+                            f.write(line + '\n')
+                if todo:
+                    os.environ['PYTHONPATH'] = slot.repo
+                    slot.start(tests, killers, todo.pop(0))
+            time.sleep(0.1)
+    return counts
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('files', nargs='*', default=DEFAULT_FILES,
                    help=f'files or folders to mutate (default: {" ".join(DEFAULT_FILES)})')
-    p.add_argument('--tests', nargs='+', default=DEFAULT_TESTS, help='test files to run')
+    p.add_argument('--tests', nargs='+', default=DEFAULT_TESTS,
+                   help='test files (or node ids) to run')
     p.add_argument('--limit', type=int, default=0,
                    help='test a random sample of this many mutants (0 = all)')
     p.add_argument('--seed', type=int, default=0, help='seed of the sample')
+    p.add_argument('--only', nargs='+', metavar='PATH:LINE[:COL]',
+                   help='test only these mutants, named as --list names them (e.g. to rerun '
+                        'a survivor)')
+    p.add_argument('--jobs', type=int, default=os.cpu_count() or 1,
+                   help='mutants tested at a time, one thread each (default: the CPU count)')
     p.add_argument('--timeout', type=float, default=900, help='seconds per mutant')
     p.add_argument('--list', action='store_true', help='only list the mutants')
-    p.add_argument('--report', help='also write the report to this file')
+    p.add_argument('--report', help='also write the lines to this file (as they come)')
+    p.add_argument('--resume', action='store_true',
+                   help='keep the lines already in --report and test only the mutants it '
+                        'does not list yet (a run that was cut off goes on)')
     args = p.parse_args(argv)
+    if args.jobs < 1 or args.limit < 0 or args.timeout <= 0:
+        p.error('--jobs must be >= 1, --limit >= 0 and --timeout > 0')
 
     mutants = collect(args.files)
+    if args.only:
+        picked = [m for m in mutants if any(f'{str(m)}'.startswith(spec + ':')
+                                            for spec in args.only)]
+        missing = [spec for spec in args.only
+                   if not any(str(m).startswith(spec + ':') for m in picked)]
+        if missing:
+            p.error(f'--only: no mutant at {", ".join(missing)} (see --list)')
+        mutants = picked
     if args.limit and args.limit < len(mutants):
         mutants = sorted(random.Random(args.seed).sample(mutants, args.limit))
     if args.list:
         print('\n'.join(map(str, mutants)))
         return 0
-    lines = []
-    with tempfile.TemporaryDirectory(prefix='paca_mutation_') as tmp:
-        repo = osp.join(tmp, 'repo')
-        _copy_repo(repo)
-        if run_tests(repo, args.tests, args.timeout) != 'survived':
-            raise SystemExit('error: the tests fail on the unmutated code; fix them first')
-        counts = {'killed': 0, 'survived': 0, 'timeout': 0}
-        for n, m in enumerate(mutants, 1):
-            src_path = osp.join(repo, m.path)
-            with open(src_path) as f:
-                original = f.read()
-            with open(src_path, 'w') as f:
-                f.write(apply(original, m))
-            t = time.time()
-            try:
-                result = run_tests(repo, args.tests, args.timeout)
-            finally:
-                with open(src_path, 'w') as f:
-                    f.write(original)
+    if args.resume and not args.report:
+        p.error('--resume needs --report (the report of the run that goes on)')
+    counts = {'killed': 0, 'survived': 0, 'timeout': 0}
+    if args.resume and osp.exists(args.report):
+        with open(args.report) as f:
+            kept = [ln for ln in f.read().splitlines() if ln.startswith('[')]
+        done = {str(m): m for m in mutants}
+        for ln in kept:  # '[n/N] result   path:line:col: 'old' -> 'new'  (...)'
+            result, rest = ln.split('] ', 1)[1].split(None, 1)
+            name = rest.rsplit('  (', 1)[0]
+            if name not in done:
+                p.error(f'--resume: {args.report} lists {name}, which is not a mutant of '
+                        'this run (the code or the arguments changed): start a new report')
             counts[result] += 1
-            line = f'[{n}/{len(mutants)}] {result:8s} {m}  ({time.time() - t:.0f} s)'
-            print(line, flush=True)
-            lines.append(line)
-    summary = (f'{len(mutants)} mutants: {counts["killed"]} killed, {counts["timeout"]} '
+            del done[name]
+        mutants = [m for m in mutants if str(m) in done]
+        with open(args.report, 'w') as f:  # without the old summary line
+            f.write(''.join(ln + '\n' for ln in kept))
+        print(f'--resume: {len(kept)} mutants already in {args.report}, {len(mutants)} to go')
+    elif args.report:
+        os.makedirs(osp.dirname(osp.abspath(args.report)), exist_ok=True)
+        open(args.report, 'w').close()
+    for key, value in run_mutants(mutants, args.tests, args.jobs, args.timeout,
+                                  args.report).items():
+        counts[key] += value
+    summary = (f'{sum(counts.values())} mutants: {counts["killed"]} killed, {counts["timeout"]} '
                f'timed out (counted as killed), {counts["survived"]} survived')
     print(summary)
-    survivors = [ln for ln in lines if ' survived ' in ln]
-    if survivors:
-        print('survivors:\n  ' + '\n  '.join(survivors))
     if args.report:
-        os.makedirs(osp.dirname(osp.abspath(args.report)), exist_ok=True)
-        with open(args.report, 'w') as f:
-            f.write('\n'.join(lines + [summary]) + '\n')
+        with open(args.report, 'a') as f:
+            f.write(summary + '\n')
     return 0
 
 

@@ -58,6 +58,12 @@ class DWConvGELULinear(torch.autograd.Function):
     (docs/benchmarks.md, issue 20). The gradients are autograd's through the plain ops
     (tests/test_memory_efficient_ffn.py).
 
+    The backward calls the two derivative ops that autograd itself runs for these ops: the
+    public ATen ops ``convolution_backward`` (a Core ATen IR op) and ``gelu_backward``.
+    ``torch.func.vjp`` of the conv + GELU would run the same kernels (A/B 0.99x), but
+    torch 2.1's dynamo cannot trace it inside a backward (a graph break under
+    ``torch.compile``).
+
     ``mask``: None, or the bool keep-mask (shaped as ``h``) of a dropout with probability
     ``p``. Under autocast the forward's ops run as autocast casts them, and the backward
     recomputes in the dtype of ``h``. ONNX export (TorchScript exporter) through
