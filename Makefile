@@ -33,8 +33,9 @@ clean-demo:
 	rm -rf work_dirs/demo
 
 # Mutation testing (tools/mutation_test.py): plant one small bug at a time in paca_mm/models
-# and paca_mm/checkpoint.py and list the mutants the tests miss. Not part of CI (hours for
-# every mutant; MUTATION_ARGS="--limit 60" samples).
+# and paca_mm/checkpoint.py and list the mutants the tests miss. Not part of CI (about an hour
+# for all ~700 mutants on 2 cores; MUTATION_ARGS="--limit 60" samples, "--resume" goes on
+# with a run that was cut off). docs/mutation.md: the last full run and its survivors.
 MUTATION_ARGS ?=
 mutation: env
 	$(PY) tools/mutation_test.py --report work_dirs/mutation_report.txt $(MUTATION_ARGS)

@@ -162,26 +162,42 @@ def test_blockwise_and_teacher_structure():
     assert list(t.state_dict())[0].startswith('paca_teacher.')
 
 
+def _frozen_by_name(name, k):
+    """Whether ``frozen_stages=k`` freezes parameter ``name``: the stem, and for each stage
+    s <= k its blocks, its norm, the transition into it and the teacher's block{s},
+    transition{s}, lateral{s}, fpn{s} and to_clusters{s}."""
+    if name.startswith('patch_embed.'):
+        return True
+    for s in range(1, k + 1):
+        prefixes = [f'stage{s}.', f'norm{s}.'] + [f'transition{s - 1}.'] * (s > 1) + [
+            f'paca_teacher.{m}{s}.' for m in ('block', 'transition', 'lateral', 'fpn',
+                                              'to_clusters')]
+        if name.startswith(tuple(prefixes)):
+            return True
+    return False
+
+
+@pytest.mark.parametrize('teacher', [False, True], ids=['plain', 'teacher'])
 @pytest.mark.parametrize('frozen', [0, 1, 2, 3, 4])
-def test_frozen_stages_have_no_gradient(frozen):
+def test_frozen_stages_have_no_gradient(frozen, teacher):
     model = PaCaViT(arch=TINY_ARCH, num_clusters=(4, 4, 4, 0), frozen_stages=frozen,
-                    teacher=False)
+                    teacher=dict(depths=(1,) * 4) if teacher else False)
     model.train()
     if frozen == 4:  # everything frozen
         assert not any(p.requires_grad for p in model.parameters())
         assert not any(o.requires_grad for o in model(torch.randn(1, 3, 32, 32)))
         return
     sum(o.sum() for o in model(torch.randn(2, 3, 32, 32))).backward()
-    frozen_mods = [model.patch_embed] + [m for i in range(frozen)
-                                         for m in model._stage_modules(i)]
-    frozen_ids = {id(p) for m in frozen_mods for p in m.parameters()}
+    names = [name for name, _ in model.named_parameters()]
+    assert any(n.startswith('paca_teacher.lateral1.') for n in names) == teacher
     for name, p in model.named_parameters():
-        if id(p) in frozen_ids:
+        if _frozen_by_name(name, frozen):
             assert not p.requires_grad and p.grad is None, name
         else:
             assert p.requires_grad and p.grad is not None, name
     if frozen >= 1:
         assert not model.stage1.training
+        assert not teacher or not model.paca_teacher.block1.training
 
 
 def test_norm_eval_keeps_teacher_bn_in_eval():

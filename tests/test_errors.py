@@ -1,4 +1,5 @@
 """Bad configuration, bad input and bad checkpoints give one clear error."""
+import functools
 import os
 import subprocess
 import sys
@@ -73,30 +74,41 @@ def test_converter_refuses_to_overwrite_its_input(tmp_path):
     assert src.read_bytes() == before
 
 
-def test_converter_adapts_clusters_and_checks_arch(tmp_path):
+def _convert_in_process(load_tool, *args):
+    """``tools/convert_official_checkpoint.py`` through its ``main(argv)``: (exit code,
+    error message), like the command line's (exit code, stderr)."""
+    try:
+        load_tool('convert_official_checkpoint').main([str(a) for a in args])
+    except SystemExit as e:
+        return 1 if isinstance(e.code, str) else e.code, str(e.code)
+    return 0, ''
+
+
+def test_converter_adapts_clusters_and_checks_arch(tmp_path, load_tool):
+    convert = functools.partial(_convert_in_process, load_tool)
     model = PaCaViT(arch='tiny')
     sd = dict(model.state_dict(), **{'head.weight': torch.randn(5, 384),
                                      'head.bias': torch.randn(5)})
     src = tmp_path / 'IMNET_224_pacavit_tiny_p2cconv_100_0.pth'
     torch.save(sd, src)
     dst = tmp_path / 'out' / 'tiny_200.pth'
-    res = _convert(src, dst, '--arch', 'tiny', '--num-clusters', 200, 200, 200, 0)
-    assert res.returncode == 0, res.stderr
+    code, err = convert(src, dst, '--arch', 'tiny', '--num-clusters', 200, 200, 200, 0)
+    assert code == 0, err
     out = torch.load(dst, weights_only=True)['state_dict']
     PaCaViT(arch='tiny', num_clusters=(200, 200, 200, 0)).load_state_dict(out, strict=True)
     assert not [f for f in os.listdir(dst.parent) if f.startswith('.tmp_')]  # atomic write
     # classifier layout
-    res = _convert(src, tmp_path / 'cls.pth', '--to', 'classifier', '--arch', 'tiny')
-    assert res.returncode == 0, res.stderr
+    code, err = convert(src, tmp_path / 'cls.pth', '--to', 'classifier', '--arch', 'tiny')
+    assert code == 0, err
     cls = torch.load(tmp_path / 'cls.pth', weights_only=True)['state_dict']
     assert torch.equal(cls['head.fc.weight'], sd['head.weight'])
     assert 'backbone.stage1.0.attn.q.weight' in cls
     # wrong arch: a clear error naming what does not match
-    res = _convert(src, tmp_path / 'x.pth', '--arch', 'small')
-    assert res.returncode != 0 and 'does not match arch' in res.stderr
+    code, err = convert(src, tmp_path / 'x.pth', '--arch', 'small')
+    assert code != 0 and 'does not match arch' in err
     assert not (tmp_path / 'x.pth').exists()
-    res = _convert(tmp_path / 'missing.pth', tmp_path / 'y.pth')
-    assert res.returncode != 0 and 'checkpoint not found' in res.stderr
+    code, err = convert(tmp_path / 'missing.pth', tmp_path / 'y.pth')
+    assert code != 0 and 'checkpoint not found' in err
 
 
 @pytest.mark.parametrize('change', ['missing', 'unexpected', 'mismatched'])

@@ -15,9 +15,6 @@ What is pinned here, and how:
 * the cluster-count adaptation for every clustering kind and the teacher, through
   ``init_cfg`` (``init_weights``) and through ``tools/convert_official_checkpoint.py``.
 """
-import os.path as osp
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -27,7 +24,6 @@ from paca_mm.checkpoint import cluster_count_keys
 from paca_mm.models.backbones import PaCaViT
 from paca_mm.models.backbones.paca_vit import ARCH_SETTINGS, PRESETS
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 TINY_ARCH = dict(embed_dims=(8, 16, 24, 32), depths=(1, 4, 3, 1), num_heads=(1, 2, 4, 4))
 
 
@@ -160,6 +156,35 @@ def test_plain_attention_stage_has_no_cluster_layers():
 
 
 # ------------------------------------------------------------------ per-stage settings
+# spec §3.1 (``_arch_settings``): embed_dims, depths, teacher_depths, drop_path_rate
+SPEC_ARCHS = {
+    'tiny': ((96, 192, 320, 384), (2, 2, 4, 2), None, 0.1),
+    'small': ((96, 192, 320, 384), (3, 3, 10, 3), None, 0.1),
+    'base': ((96, 192, 384, 512), (3, 3, 18, 3), None, 0.5),
+    'tiny_teacher': ((96, 192, 320, 384), (2, 2, 2, 2), (2, 2, 2, 2), 0.1),
+    'small_teacher': ((96, 192, 320, 384), (3, 3, 7, 3), (2, 2, 2, 2), 0.1),
+    'base_teacher': ((96, 192, 384, 512), (3, 3, 16, 3), (2, 2, 4, 2), 0.1),
+}
+
+
+def test_arch_table_is_the_spec():
+    """The arch table itself, value by value (the tests above read it to build their
+    expectations, so they cannot notice a wrong entry in it)."""
+    assert sorted(ARCH_SETTINGS) == sorted(SPEC_ARCHS)
+    for name, (dims, depths, teacher_depths, rate) in SPEC_ARCHS.items():
+        setting = ARCH_SETTINGS[name]
+        assert tuple(setting['embed_dims']) == dims, name
+        assert tuple(setting['depths']) == depths, name
+        assert setting.get('teacher_depths') == teacher_depths, name
+        assert setting['drop_path_rate'] == rate, name
+        assert tuple(setting['num_heads']) == (2, 4, 8, 16), name
+        assert tuple(setting['mlp_ratios']) == (4, 4, 4, 4), name
+        model = PaCaViT(arch=name)
+        assert model.drop_path_rate == rate
+        if teacher_depths:
+            assert tuple(model.teacher_cfg['depths']) == teacher_depths
+
+
 @pytest.mark.parametrize('name', sorted(PRESETS))
 def test_per_stage_shapes(name):
     model = PaCaViT(arch=name)
@@ -203,6 +228,73 @@ def test_per_stage_shapes(name):
             assert t.proj.weight.shape == (setting['embed_dims'][i + 1], c, 3, 3)
             assert t.proj.stride == (2, 2) and t.proj.padding == (1, 1)
             assert t.proj.bias is not None
+
+
+def test_teacher_settings():
+    """The ConvMixer teacher (spec §2): units with a 7x7 depth-wise conv, transitions that
+    blur with the fixed binomial [[1,2,1],[2,4,2],[1,2,1]]/16 (a buffer in the state_dict,
+    so a checkpoint overwrites it, but a model trained from scratch starts from it) before
+    a k3 s2 p1 conv, and the arch's units per stage."""
+    model = PaCaViT(arch='pacavit_convmixer_tiny_100')
+    teacher, sd = model.paca_teacher, model.state_dict()
+    binomial = torch.tensor([[1., 2., 1.], [2., 4., 2.], [1., 2., 1.]]) / 16
+    for i, c in enumerate(model.embed_dims):
+        units = getattr(teacher, f'block{i + 1}')
+        assert len(units) == ARCH_SETTINGS['tiny_teacher']['teacher_depths'][i]
+        for unit in units:
+            dw = unit[0].fn[0]
+            assert dw.kernel_size == (7, 7) and dw.padding == (3, 3) and dw.groups == c
+        if i < 3:
+            blur = sd[f'paca_teacher.transition{i + 1}.0.blur_filter']
+            assert torch.equal(blur, binomial.expand(c, 1, 3, 3))
+            conv = getattr(teacher, f'transition{i + 1}')[0].conv
+            assert conv.kernel_size == (3, 3) and conv.stride == (2, 2)
+            assert conv.padding == (1, 1)
+
+
+def test_teacher_forward_is_the_spec():
+    """Spec §2: ``out_i`` = stage i's ConvMixer units (after the transitions),
+    ``f_4 = out_4``, ``f_i = fpn_i(out_i + lateral_i(upsample(f_{i+1})))`` with bilinear,
+    align_corners=False upsampling to out_i's size, the logits ``to_clusters_i(f_i)`` and
+    their softmax over the patches;
+    a stage with M = 0 has no to_clusters and no assignment. Checked at an odd size, with
+    random BN statistics, so that every term matters."""
+    import torch.nn.functional as F
+
+    from paca_mm.models.backbones.paca_teacher import ConvMixerTeacher
+    torch.manual_seed(0)
+    teacher = ConvMixerTeacher((8, 16, 24, 32), (3, 0, 1, 2), depths=(1, 2, 1, 1),
+                               kernel_size=7).eval()
+    for m in teacher.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.weight.data.uniform_(0.5, 1.5)
+            m.bias.data.normal_()
+            m.running_mean.normal_()
+            m.running_var.uniform_(0.5, 2.)
+    x = torch.randn(2, 8, 13, 18)
+    with torch.no_grad():
+        zs, logits, tokens = teacher(x)
+        outs, h = [], x
+        for s in range(1, 5):
+            h = getattr(teacher, f'block{s}')(h)
+            outs.append(h)
+            if s < 4:
+                h = getattr(teacher, f'transition{s}')(h)
+        f = [None, None, None, outs[3]]
+        for i in (2, 1, 0):
+            up = F.interpolate(f[i + 1], size=outs[i].shape[-2:], mode='bilinear',
+                               align_corners=False)
+            f[i] = getattr(teacher, f'fpn{i + 1}')(outs[i] + getattr(teacher,
+                                                                     f'lateral{i + 1}')(up))
+    assert teacher.to_clusters2 is None and zs[1] is None and logits[1] is None
+    for i in (0, 2, 3):
+        head = getattr(teacher, f'to_clusters{i + 1}')
+        assert head.kernel_size == (1, 1) and head.out_channels == (3, 0, 1, 2)[i]
+        expected = head(f[i]).flatten(2)
+        torch.testing.assert_close(logits[i], expected, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(zs[i], expected.softmax(-1), rtol=1e-6, atol=1e-6)
+    for t, o in zip(tokens, outs):
+        torch.testing.assert_close(t, o.flatten(2).transpose(1, 2), rtol=0, atol=0)
 
 
 # ------------------------------------------------------------------ training branches
@@ -323,7 +415,7 @@ CONVERTER_PRESETS = {'conv': 'pacavit_tiny_p2cconv_100_0', 'mlp': 'pacavit_small
 
 
 @pytest.mark.parametrize('kind', sorted(CONVERTER_PRESETS))
-def test_cluster_count_change_through_the_converter(tmp_path, kind):
+def test_cluster_count_change_through_the_converter(tmp_path, kind, load_tool):
     """An official-layout file (a plain state_dict) with 4 clusters per stage converted for
     the released preset with 8: only the M-dependent tensors change. (No release uses
     linear clustering, so the converter's presets have none; init_cfg covers it above.)"""
@@ -335,11 +427,9 @@ def test_cluster_count_change_through_the_converter(tmp_path, kind):
     torch.save(src.state_dict(), str(official))
     target = [8 if s else 0 for s in stages]
     out = tmp_path / 'converted.pth'
-    proc = subprocess.run(
-        [sys.executable, osp.join(ROOT, 'tools', 'convert_official_checkpoint.py'),
-         str(official), str(out), '--arch', preset, '--num-clusters', *map(str, target)],
-        capture_output=True, text=True, cwd=str(tmp_path))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # in-process (tests/test_errors.py runs the command line)
+    load_tool('convert_official_checkpoint').main(
+        [str(official), str(out), '--arch', preset, '--num-clusters', *map(str, target)])
     converted = torch.load(str(out), map_location='cpu', weights_only=True)['state_dict']
     dst = PaCaViT(arch=preset, num_clusters=target)
     dst.load_state_dict(converted, strict=True)

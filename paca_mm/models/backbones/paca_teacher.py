@@ -26,7 +26,7 @@ class _Residual(nn.Module):
         return x + self.fn(x)
 
 
-def convmixer_unit(dim: int, kernel_size: int = 7) -> nn.Sequential:
+def convmixer_unit(dim: int, kernel_size: int) -> nn.Sequential:
     """ConvMixer unit: x + BN(GELU(DWConv(x))), then PWConv, GELU, BN."""
     return nn.Sequential(
         _Residual(nn.Sequential(
@@ -56,11 +56,12 @@ class ConvMixerTeacher(nn.Module):
 
     Args:
         embed_dims: stage dims (same as the backbone). num_clusters: M per stage.
-        depths: ConvMixer units per stage. kernel_size: depth-wise kernel.
+        depths: ConvMixer units per stage. kernel_size: depth-wise kernel (PaCaViT passes
+            its teacher config's, default (2, 2, 2, 2) and 7).
     """
 
     def __init__(self, embed_dims: Sequence[int], num_clusters: Sequence[int],
-                 depths: Sequence[int] = (2, 2, 2, 2), kernel_size: int = 7):
+                 depths: Sequence[int], kernel_size: int):
         super().__init__()
         self.num_stages = len(embed_dims)
         self.num_clusters = list(num_clusters)
