@@ -167,6 +167,31 @@ SPEC_ARCHS = {
 }
 
 
+def test_custom_arch_defaults():
+    """A custom arch dict gets the documented defaults: (100, 100, 100, 0) clusters, conv
+    clustering shared per stage, mlp ratio 4, no drop path, 7x7 clustering kernels."""
+    model = PaCaViT(arch=TINY_ARCH)
+    assert model.num_clusters == [100, 100, 100, 0]
+    assert model.clustering == 'conv' and model.cluster_every == [0, 0, 0, 0]
+    assert model.drop_path_rate == 0 and model.teacher_cfg is None
+    for i, c in enumerate(TINY_ARCH['embed_dims']):
+        block = _blocks(model, i)[0]
+        assert block.mlp.fc1.out_features == 4 * c
+        if i < 3:
+            assert block.attn.clustering.clustering[0].kernel_size == (7, 7)
+
+
+def test_scalar_settings_apply_to_every_stage():
+    """num_heads, mlp_ratios and num_clusters may be one value for all stages."""
+    model = PaCaViT(arch=dict(embed_dims=(8, 16, 24, 32), depths=(1, 1, 1, 1), num_heads=2,
+                              mlp_ratios=2), num_clusters=3)
+    assert model.num_clusters == [3, 3, 3, 3]
+    for i, c in enumerate((8, 16, 24, 32)):
+        block = _blocks(model, i)[0]
+        assert block.attn.num_heads == 2 and block.mlp.fc1.out_features == 2 * c
+        assert block.attn.clustering.clustering[-1].out_channels == 3
+
+
 def test_arch_table_is_the_spec():
     """The arch table itself, value by value (the tests above read it to build their
     expectations, so they cannot notice a wrong entry in it)."""

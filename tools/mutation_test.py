@@ -65,7 +65,7 @@ def _number(text: str) -> str:
     if value.lower().startswith(('0x', '0o', '0b')) or value.endswith(('j', 'J')):
         return ''
     if any(c in value for c in '.eE'):
-        return repr(float(value) * 10)
+        return repr(float(value) * 10 or 1.)  # 0. -> 1.0: ten times 0 is no change
     return str(int(value) + 1)
 
 

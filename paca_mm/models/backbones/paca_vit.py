@@ -141,8 +141,8 @@ class PaCaBlock(nn.Module):
     """
 
     def __init__(self, dim: int, num_heads: int, num_clusters: int, clustering: Optional[str],
-                 mlp_ratio: float = 4, drop_path: float = 0., attn_drop: float = 0.,
-                 drop: float = 0., kernel_size: int = 7, layer_scale: Optional[float] = None):
+                 mlp_ratio: float, drop_path: float, attn_drop: float, drop: float,
+                 kernel_size: int, layer_scale: Optional[float]):
         super().__init__()
         self.norm1_before = nn.LayerNorm(dim, eps=1e-6)
         self.attn = PaCaAttention(dim, num_heads, num_clusters, clustering, kernel_size,
@@ -151,8 +151,8 @@ class PaCaBlock(nn.Module):
         self.mlp = ConvFFN(dim, mlp_ratio, drop)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         if layer_scale is not None:
-            self.gamma1 = nn.Parameter(layer_scale * torch.ones(dim))
-            self.gamma2 = nn.Parameter(layer_scale * torch.ones(dim))
+            self.gamma1 = nn.Parameter(torch.full((dim,), float(layer_scale)))
+            self.gamma2 = nn.Parameter(torch.full((dim,), float(layer_scale)))
         else:
             self.gamma1 = self.gamma2 = None
 
