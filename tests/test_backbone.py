@@ -211,13 +211,25 @@ def test_norm_eval_keeps_teacher_bn_in_eval():
     torch.testing.assert_close(bns[0].running_mean, before)
 
 
-def test_with_cp_same_output_and_grads():
+def test_with_cp_same_output_and_grads(monkeypatch):
+    from paca_mm.models.backbones import paca_vit
+    calls = []
+
+    def spy(fn, *args, **kwargs):
+        calls.append(fn)
+        return checkpoint(fn, *args, **kwargs)
+
+    checkpoint = paca_vit.cp.checkpoint
+    monkeypatch.setattr(paca_vit.cp, 'checkpoint', spy)
     torch.manual_seed(0)
-    a = PaCaViT(arch=TINY_ARCH, num_clusters=(4, 4, 4, 0))
+    a = PaCaViT(arch=TINY_ARCH, num_clusters=(4, 4, 4, 0))  # with_cp is off by default
     b = copy.deepcopy(a)
     b.with_cp = True
     x = torch.randn(2, 3, 32, 32)
-    la, lb = sum(o.sum() for o in a(x)), sum(o.sum() for o in b(x))
+    la = sum(o.sum() for o in a(x))
+    assert calls == []
+    lb = sum(o.sum() for o in b(x))
+    assert len(calls) == sum(TINY_ARCH['depths'])  # one checkpointed call per block
     la.backward()
     lb.backward()
     torch.testing.assert_close(la, lb)

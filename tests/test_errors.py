@@ -24,6 +24,7 @@ ARCH = dict(embed_dims=(16, 32, 48, 64), depths=(1, 1, 1, 1), num_heads=(1, 2, 4
                                                      r'embed_dims\[0\]=16'),
     (dict(out_indices=(0, 4)), r'out_indices 4 out of range: valid are 0..3'),
     (dict(frozen_stages=5), r'frozen_stages must be in \[-1, 4\], got 5'),
+    (dict(frozen_stages=-2), r'frozen_stages must be in \[-1, 4\], got -2'),
     (dict(cluster_sharing='sometimes'), "cluster_sharing must be 'stage', 'block'"),
     (dict(arch='tiny', teacher=True), 'has no teacher_depths'),
     (dict(init_cfg=dict(type='Kaiming')), 'supports init_cfg type "Pretrained" only'),

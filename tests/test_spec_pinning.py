@@ -277,6 +277,16 @@ def test_teacher_settings():
             assert conv.padding == (1, 1)
 
 
+def test_teacher_config_defaults():
+    """teacher=dict(...) without depths gets 2 units per stage; without kernel_size, 7."""
+    model = PaCaViT(arch=TINY_ARCH, num_clusters=(2, 2, 2, 2), teacher=dict(kernel_size=5))
+    assert [len(getattr(model.paca_teacher, f'block{s}')) for s in range(1, 5)] == [2] * 4
+    assert model.paca_teacher.block1[0][0].fn[0].kernel_size == (5, 5)
+    model = PaCaViT(arch=TINY_ARCH, num_clusters=(2, 2, 2, 2), teacher=dict(depths=(1, 2, 1, 1)))
+    assert [len(getattr(model.paca_teacher, f'block{s}')) for s in range(1, 5)] == [1, 2, 1, 1]
+    assert model.paca_teacher.block2[1][0].fn[0].kernel_size == (7, 7)
+
+
 def test_teacher_forward_is_the_spec():
     """Spec §2: ``out_i`` = stage i's ConvMixer units (after the transitions),
     ``f_4 = out_4``, ``f_i = fpn_i(out_i + lateral_i(upsample(f_{i+1})))`` with bilinear,
