@@ -332,6 +332,33 @@ def test_teacher_forward_is_the_spec():
         torch.testing.assert_close(t, o.flatten(2).transpose(1, 2), rtol=0, atol=0)
 
 
+def test_random_init_is_the_spec():
+    """Spec (init): Linear weights trunc_normal(std=0.02), Conv2d weights normal(0,
+    sqrt(2 / fan_out)) with fan_out = k_h * k_w * out_channels / groups, zero biases, and
+    LayerNorm / BatchNorm weights 1 and biases 0."""
+    torch.manual_seed(0)
+    model = PaCaViT(arch='pacavit_convmixer_tiny_100')
+    model.init_weights()
+    checked = {nn.Linear: 0, nn.Conv2d: 0}
+    for name, m in model.named_modules():
+        if isinstance(m, (nn.Linear, nn.Conv2d)):
+            if m.bias is not None:
+                assert torch.all(m.bias == 0), name
+            if m.weight.numel() < 20000:
+                continue  # too few samples for a 5 % std estimate
+            if isinstance(m, nn.Linear):
+                std = 0.02
+            else:
+                std = (2 / (m.kernel_size[0] * m.kernel_size[1] * m.out_channels
+                            // m.groups)) ** 0.5
+            assert abs(m.weight.std().item() / std - 1) < 0.05, name
+            assert abs(m.weight.mean().item()) < 0.05 * std, name
+            checked[type(m)] += 1
+        elif isinstance(m, (nn.LayerNorm, nn.BatchNorm2d)):
+            assert torch.all(m.weight == 1) and torch.all(m.bias == 0), name
+    assert checked[nn.Linear] > 10 and checked[nn.Conv2d] > 10, checked
+
+
 # ------------------------------------------------------------------ training branches
 class _ScaleSpy(nn.Module):
     """Stands in for DropPath: multiplies by ``scale`` and counts its calls."""
