@@ -23,6 +23,7 @@ import torch.nn as nn
 from paca_mm.checkpoint import cluster_count_keys
 from paca_mm.models.backbones import PaCaViT
 from paca_mm.models.backbones.paca_vit import ARCH_SETTINGS, PRESETS
+from paca_mm.models.layers import PaCaAttention
 
 TINY_ARCH = dict(embed_dims=(8, 16, 24, 32), depths=(1, 4, 3, 1), num_heads=(1, 2, 4, 4))
 
@@ -190,6 +191,19 @@ def test_scalar_settings_apply_to_every_stage():
         block = _blocks(model, i)[0]
         assert block.attn.num_heads == 2 and block.mlp.fc1.out_features == 2 * c
         assert block.attn.clustering.clustering[-1].out_channels == 3
+
+
+def test_layer_defaults():
+    """The public layers' defaults are the paper's: a 7x7 clustering conv, an MLP ratio of
+    4 (FFN and MLP clustering), no dropout."""
+    from paca_mm.models.layers import ConvFFN
+    ffn = ConvFFN(8)
+    assert ffn.fc1.out_features == 32 and ffn.drop.p == 0
+    conv = PaCaAttention(8, 2, 3)
+    assert conv.clustering.clustering[0].kernel_size == (7, 7)
+    assert conv.attn_drop == 0 and conv.proj_drop.p == 0
+    mlp = PaCaAttention(8, 2, 3, clustering='mlp')
+    assert mlp.clustering.clustering[0].out_features == 32
 
 
 def test_arch_table_is_the_spec():

@@ -41,7 +41,8 @@ DEFAULT_TESTS = ['tests/test_spec_pinning.py', 'tests/test_backbone_fixtures.py'
                  'tests/test_paca_head.py', 'tests/test_errors.py',
                  'tests/test_visualization.py',  # it pins record_clusters and its shapes
                  'tests/test_memory_efficient_ffn.py', 'tests/test_checkpoint_safety.py',
-                 'tests/test_atomic_checkpoints.py']
+                 'tests/test_atomic_checkpoints.py',
+                 'tests/test_deployment.py']  # the ONNX symbolic of DWConvGELULinear
 OPERATORS = {'+': '-', '-': '+', '*': '/', '/': '*', '//': '/', '%': '//', '**': '*',
              '<': '<=', '<=': '<', '>': '>=', '>=': '>', '==': '!=', '!=': '==',
              '+=': '-=', '-=': '+=', '*=': '/=', '/=': '*=', '@': '*'}

@@ -25,7 +25,7 @@ class ConvClustering(nn.Module):
     (B, N, C) tokens on an H x W grid -> (B, M, N) clustering logits.
     """
 
-    def __init__(self, dim: int, num_clusters: int, kernel_size: int = 7):
+    def __init__(self, dim: int, num_clusters: int, kernel_size: int):
         super().__init__()
         self.clustering = nn.Sequential(
             nn.Conv2d(dim, dim, kernel_size, padding=kernel_size // 2, groups=dim),
@@ -42,7 +42,7 @@ class ConvClustering(nn.Module):
 class MlpClustering(nn.Module):
     """Eqn. 6: Linear C -> rC, GELU, Linear rC -> M. (B, N, C) -> (B, M, N)."""
 
-    def __init__(self, dim: int, num_clusters: int, mlp_ratio: float = 4):
+    def __init__(self, dim: int, num_clusters: int, mlp_ratio: float):
         super().__init__()
         hidden = int(dim * mlp_ratio)
         self.clustering = nn.Sequential(
@@ -63,8 +63,8 @@ class LinearClustering(nn.Module):
         return self.clustering(x).transpose(1, 2)
 
 
-def build_clustering(kind: str, dim: int, num_clusters: int, kernel_size: int = 7,
-                     mlp_ratio: float = 4) -> nn.Module:
+def build_clustering(kind: str, dim: int, num_clusters: int, kernel_size: int,
+                     mlp_ratio: float) -> nn.Module:
     """Build the clustering module ``kind`` in {'conv', 'mlp', 'linear'}."""
     if kind == 'conv':
         return ConvClustering(dim, num_clusters, kernel_size)
