@@ -61,7 +61,7 @@ _TRUST_HINT = (
     "init_cfg=dict(type='Pretrained') and the toolboxes' own scripts).")
 
 
-def trust_requested(trust: bool = False) -> bool:
+def trust_requested(trust: bool) -> bool:
     """``trust``, or the environment variable ``PACA_MM_TRUST_CHECKPOINTS`` set to 1/true/yes."""
     return bool(trust) or os.environ.get(TRUST_ENV, '').strip().lower() in (
         '1', 'true', 'yes', 'on')

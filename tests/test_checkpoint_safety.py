@@ -425,3 +425,18 @@ def test_tools_test_trust_checkpoint(tmp_path, tiny_seg_data):
     rc, out, _ = _run_tool('test', [trusted, '--trust-checkpoint'], tiny_seg_data, tmp_path)
     assert rc == 0, out[-3000:]
     assert 'Load checkpoint from' in out and 'mIoU' in out
+
+
+def test_getattr_stand_in_allows_public_history_buffer_methods_only():
+    """The unpickler's ``builtins.getattr`` resolves HistoryBuffer's public methods and
+    nothing else: not another object's attribute of the same name, not a private one."""
+    import pickle
+
+    from mmengine.logging import HistoryBuffer
+
+    from paca_mm.checkpoint import _history_buffer_getattr
+    assert _history_buffer_getattr(HistoryBuffer, 'mean') is HistoryBuffer.__dict__['mean']
+    for obj, name in [(dict, 'update'), (np.ndarray, 'mean'), (HistoryBuffer, '__init__'),
+                      (HistoryBuffer, 'no_such_method'), (HistoryBuffer, 1)]:
+        with pytest.raises(pickle.UnpicklingError, match='is not allowed in a checkpoint'):
+            _history_buffer_getattr(obj, name)

@@ -103,3 +103,13 @@ def test_shared_assignment_is_required_without_clustering_module():
 def test_heads_must_divide_dim():
     with pytest.raises(ValueError, match='num_heads=3 does not divide dim=16'):
         PaCaAttention(16, 3, 4)
+
+
+def test_one_cluster_is_still_clustering():
+    """M = 1 is patch-to-cluster attention with a single cluster (only M = 0 is plain
+    attention): the layer owns a clustering module and returns a (B, 1, N) assignment."""
+    layer = PaCaAttention(8, 2, num_clusters=1, clustering='conv')
+    assert hasattr(layer, 'cluster_norm') and layer.owns_clustering
+    out, z, logits = layer(torch.randn(2, 12, 8), (3, 4))
+    assert out.shape == (2, 12, 8) and z.shape == (2, 1, 12) and logits.shape == (2, 1, 12)
+    torch.testing.assert_close(z.sum(-1), torch.ones(2, 1))
