@@ -25,6 +25,7 @@ global. Opt-in for a trusted file, never automatic: ``trust=True`` (Python API),
 import _codecs
 import _compat_pickle
 import io
+import logging
 import os
 import os.path as osp
 import pickle
@@ -206,7 +207,7 @@ def safe_torch_load(f, map_location='cpu', trust: bool = False, source: Optional
     source = source or (f if isinstance(f, str) else '<file object>')
     if trust_requested(trust):
         print_log(f'{source}: trusted checkpoint, unpickled in full (weights_only=False)',
-                  logger='current', level=30)
+                  logger='current', level=logging.WARNING)
         try:
             return torch.load(f, map_location=map_location, weights_only=False)
         except (AttributeError, ImportError, pickle.UnpicklingError) as e:
@@ -481,7 +482,7 @@ def load_backbone_checkpoint(model: torch.nn.Module, checkpoint, prefix: Optiona
                   + _fmt(f'{k}: checkpoint {a or "absent (M=0)"} -> model {b or "absent (M=0)"}'
                          for k, a, b in report['reinit']), logger='current')
     for p in problems:
-        print_log(f'{source}: {p}', logger='current', level=30)
+        print_log(f'{source}: {p}', logger='current', level=logging.WARNING)
     report.pop('load')
     return report
 

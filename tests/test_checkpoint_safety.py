@@ -440,3 +440,60 @@ def test_getattr_stand_in_allows_public_history_buffer_methods_only():
                       (HistoryBuffer, 'no_such_method'), (HistoryBuffer, 1)]:
         with pytest.raises(pickle.UnpicklingError, match='is not allowed in a checkpoint'):
             _history_buffer_getattr(obj, name)
+
+
+def test_refusal_description():
+    """What a refused load reports: the refused global, or for a file that refused
+    nothing (corrupt), the first line of torch's message, at most 300 characters."""
+    from paca_mm.checkpoint import _refused
+    assert _refused('Weights only load failed ... GLOBAL os.system was not an allowed '
+                    'global by default') == ('the global os.system', True)
+    assert _refused('Weights only load failed.\nWeightsUnpickler error: Unsupported '
+                    'operand 149\nCheck the docs') == ('Unsupported operand 149', False)
+    assert _refused('invalid load key, x.\nmore') == ('invalid load key, x.', False)
+    assert _refused('') == ('?', False)
+    text, refused = _refused('x' * 400)
+    assert text == 'x' * 300 and not refused
+
+
+def test_trusted_load_warns(tmp_path, monkeypatch):
+    """Loading with the opt-in says so, as a warning."""
+    import logging
+
+    from paca_mm import checkpoint
+    path, marker = _payload(tmp_path, 'meta')
+    logged = []
+    monkeypatch.setattr(checkpoint, 'print_log',
+                        lambda msg, logger=None, level=logging.INFO: logged.append((msg, level)))
+    checkpoint.safe_torch_load(str(path), trust=True)
+    assert marker.exists()  # the payload ran: that is what trusting means
+    assert [lv for msg, lv in logged if 'trusted checkpoint' in msg] == [logging.WARNING]
+
+
+@pytest.mark.parametrize('rank', [0, 1])
+def test_download_in_a_distributed_run(tmp_path, monkeypatch, rank):
+    """http(s) checkpoints: rank 0 downloads before the barrier, the other ranks after it
+    (only if the file is still missing); a cached file is not downloaded again."""
+    import mmengine.dist
+    import torch.distributed
+    import torch.hub
+
+    from paca_mm.checkpoint import _download
+    events = []
+
+    def download(url, dst, progress=True):
+        events.append('download')
+        with open(dst, 'wb'):
+            pass
+
+    monkeypatch.setattr(torch.hub, 'get_dir', lambda: str(tmp_path / 'hub'))
+    monkeypatch.setattr(mmengine.dist, 'get_dist_info', lambda: (rank, 2))
+    monkeypatch.setattr(torch.distributed, 'barrier', lambda: events.append('barrier'))
+    monkeypatch.setattr(torch.hub, 'download_url_to_file', download)
+    cached = str(tmp_path / 'hub' / 'checkpoints' / 'w.pth')
+    assert _download('https://example.invalid/w.pth') == cached
+    assert events == (['download', 'barrier'] if rank == 0 else ['barrier', 'download'])
+    del events[:]
+    _download('https://example.invalid/other.pth')  # the folder exists already
+    _download('https://example.invalid/w.pth')  # cached
+    assert events.count('download') == 1 and events.count('barrier') == 2
