@@ -130,3 +130,18 @@ def test_adapt_cluster_layers_refuses_every_other_difference(change):
         sd[key] = torch.zeros(3, 3)
     with pytest.raises(CheckpointError, match=f'(?s)beyond the cluster count:.*{key}'):
         adapt_cluster_layers(sd, model)
+
+
+def test_extract_backbone_prefix():
+    """The backbone of a detector/segmentor checkpoint: 'backbone.' by default, any prefix
+    with or without its trailing dot, 'module.' (DDP) stripped, non-tensors dropped; a
+    prefix no key has is an error that lists the keys."""
+    from paca_mm.checkpoint import extract_backbone_state_dict
+    w = torch.zeros(1)
+    ckpt = {'state_dict': {'module.backbone.a': w, 'backbone.b': w, 'neck.c': w,
+                           'backbone.step': 3}}
+    assert list(extract_backbone_state_dict(ckpt)) == ['a', 'b']
+    assert list(extract_backbone_state_dict(ckpt, prefix='neck')) == ['c']
+    assert list(extract_backbone_state_dict(ckpt, prefix='neck.')) == ['c']
+    with pytest.raises(CheckpointError, match="no key starts with prefix 'head.'.*backbone.a"):
+        extract_backbone_state_dict(ckpt, prefix='head')
