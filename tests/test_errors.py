@@ -112,7 +112,8 @@ def test_converter_adapts_clusters_and_checks_arch(tmp_path, load_tool):
     assert code != 0 and 'checkpoint not found' in err
 
 
-@pytest.mark.parametrize('change', ['missing', 'unexpected', 'mismatched'])
+@pytest.mark.parametrize('change', ['missing', 'unexpected', 'mismatched',
+                                    'mismatched_bias'])
 def test_adapt_cluster_layers_refuses_every_other_difference(change):
     """Only the cluster-count layers are adapted: a checkpoint that also lacks a key, has an
     extra one, or has another shape elsewhere raises, naming the key."""
@@ -126,8 +127,11 @@ def test_adapt_cluster_layers_refuses_every_other_difference(change):
     elif change == 'unexpected':
         key = 'stage1.0.attn.extra.weight'
         sd[key] = torch.zeros(1)
-    else:
+    elif change == 'mismatched':
         sd[key] = torch.zeros(3, 3)
+    else:  # a 1-D tensor of another length (shape[1:] agrees, as for a cluster-count layer)
+        key = 'stage1.0.attn.q.bias'
+        sd[key] = torch.zeros(5)
     with pytest.raises(CheckpointError, match=f'(?s)beyond the cluster count:.*{key}'):
         adapt_cluster_layers(sd, model)
 

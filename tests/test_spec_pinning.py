@@ -485,6 +485,26 @@ def test_cluster_count_change_through_init_cfg(tmp_path, kind):
     assert before.keys() == after.keys()
 
 
+@pytest.mark.parametrize('teacher', [False, True], ids=['onsite', 'teacher'])
+@pytest.mark.parametrize('src_m, dst_m', [((4, 4, 4, 0), (4, 4, 4, 4)),
+                                          ((4, 4, 4, 4), (4, 4, 4, 0))], ids=['gain', 'lose'])
+def test_plain_stage_gains_or_loses_clustering(src_m, dst_m, teacher):
+    """A stage that goes from plain attention (M = 0) to clusters, or back, is a cluster-count
+    change: its clustering tensors (and the teacher's to_clusters) are re-initialised or
+    dropped, nothing is reported missing or unexpected, everything else loads."""
+    from paca_mm.checkpoint import match_state_dict
+    kwargs = dict(teacher=dict(depths=(1, 1, 1, 1))) if teacher else {}
+    src = PaCaViT(arch=TINY_ARCH, num_clusters=src_m, **kwargs).state_dict()
+    dst = PaCaViT(arch=TINY_ARCH, num_clusters=dst_m, **kwargs).state_dict()
+    report = match_state_dict(dst, src)
+    assert report['missing'] == report['unexpected'] == report['mismatched'] == []
+    changed = set(src) ^ set(dst)
+    assert changed and {k for k, _, _ in report['reinit']} == changed
+    assert all(k.startswith(('stage4.', 'paca_teacher.to_clusters4.')) for k in changed)
+    assert any(k.startswith('paca_teacher.') for k in changed) == teacher
+    assert set(report['load']) == set(src) & set(dst)
+
+
 CONVERTER_PRESETS = {'conv': 'pacavit_tiny_p2cconv_100_0', 'mlp': 'pacavit_small_p2cmlp_100_0',
                      'blockwise': 'pacavit_small_p2cconv_100_blockwise',
                      'teacher': 'pacavit_convmixer_tiny_100'}
