@@ -201,6 +201,9 @@ def test_frozen_stages_have_no_gradient(frozen, teacher):
 
 
 def test_norm_eval_keeps_teacher_bn_in_eval():
+    default = PaCaViT(arch=TINY_ARCH, num_clusters=(4, 4, 4, 4), teacher=dict(depths=(1,) * 4))
+    default.train()  # norm_eval is off by default: the teacher's BNs train
+    assert all(m.training for m in default.modules() if isinstance(m, torch.nn.BatchNorm2d))
     model = PaCaViT(arch=TINY_ARCH, num_clusters=(4, 4, 4, 4), teacher=dict(depths=(1,) * 4),
                     norm_eval=True)
     model.train()

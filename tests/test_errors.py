@@ -27,6 +27,8 @@ ARCH = dict(embed_dims=(16, 32, 48, 64), depths=(1, 1, 1, 1), num_heads=(1, 2, 4
     (dict(frozen_stages=-2), r'frozen_stages must be in \[-1, 4\], got -2'),
     (dict(cluster_sharing='sometimes'), "cluster_sharing must be 'stage', 'block'"),
     (dict(arch='tiny', teacher=True), 'has no teacher_depths'),
+    (dict(teacher=dict(depths=(1, 1, 1))),
+     r'teacher depths must have one entry per stage \(4\), got \[1, 1, 1\]'),
     (dict(init_cfg=dict(type='Kaiming')), 'supports init_cfg type "Pretrained" only'),
 ])
 def test_bad_config(kwargs, match):

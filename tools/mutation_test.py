@@ -160,9 +160,9 @@ def _run_child(repo: str, tests: List[str], first: List[str], log: str, pipe: in
     """In the forked child: run the tests on ``repo`` and exit with pytest's status."""
     import pytest
     os.setpgid(0, 0)  # the parent kills the whole group on a timeout
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
+    out = open(log, 'w')  # stays open until os._exit
+    os.dup2(out.fileno(), 1)
+    os.dup2(out.fileno(), 2)
     status = 4
     try:
         sys.dont_write_bytecode = True  # a mutant of the same size and mtime second

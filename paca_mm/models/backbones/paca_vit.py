@@ -286,7 +286,9 @@ class PaCaViT(BaseModule):
         # key order matches the released checkpoints.
         if self.teacher_cfg:
             self.paca_teacher = ConvMixerTeacher(
-                self.embed_dims, num_clusters, depths=self.teacher_cfg.get('depths', (2,) * 4),
+                self.embed_dims, num_clusters,
+                depths=_per_stage(self.teacher_cfg.get('depths', 2), self.num_stages,
+                                  'teacher depths'),
                 kernel_size=self.teacher_cfg.get('kernel_size', 7))
         else:
             self.paca_teacher = None
