@@ -159,3 +159,14 @@ def test_key_lists_in_messages_are_capped():
     assert _fmt(range(20)) == '\n    ' + '\n    '.join(map(str, range(20)))
     assert _fmt(range(23)) == '\n    ' + '\n    '.join(map(str, range(20))) + \
         ' ... and 3 more'
+
+
+def test_missing_key_of_a_plain_stage_is_missing():
+    """Only clustering tensors count as a cluster-count change: a checkpoint that lacks
+    another tensor of a plain-attention (M = 0) stage reports it missing."""
+    from paca_mm.checkpoint import match_state_dict
+    model_sd = PaCaViT(arch=ARCH, num_clusters=(4, 4, 4, 0)).state_dict()
+    sd = dict(model_sd)
+    del sd['stage4.0.attn.q.weight']
+    report = match_state_dict(model_sd, sd)
+    assert report['missing'] == ['stage4.0.attn.q.weight'] and report['reinit'] == []
