@@ -161,12 +161,16 @@ def test_key_lists_in_messages_are_capped():
         ' ... and 3 more'
 
 
-def test_missing_key_of_a_plain_stage_is_missing():
-    """Only clustering tensors count as a cluster-count change: a checkpoint that lacks
-    another tensor of a plain-attention (M = 0) stage reports it missing."""
+def test_missing_tensors_are_missing_not_a_cluster_count_change():
+    """Only a stage's clustering tensors, missing as a whole where the checkpoint's stage
+    is plain attention, are a cluster-count change: a checkpoint that lacks another tensor
+    of a plain (M = 0) stage, or one clustering tensor of a clustered stage, reports it
+    missing."""
     from paca_mm.checkpoint import match_state_dict
     model_sd = PaCaViT(arch=ARCH, num_clusters=(4, 4, 4, 0)).state_dict()
     sd = dict(model_sd)
-    del sd['stage4.0.attn.q.weight']
+    gone = ['stage1.0.attn.clustering.clustering.0.weight', 'stage4.0.attn.q.weight']
+    for key in gone:
+        del sd[key]
     report = match_state_dict(model_sd, sd)
-    assert report['missing'] == ['stage4.0.attn.q.weight'] and report['reinit'] == []
+    assert report['missing'] == gone and report['reinit'] == []
