@@ -497,3 +497,12 @@ def test_download_in_a_distributed_run(tmp_path, monkeypatch, rank):
     _download('https://example.invalid/other.pth')  # the folder exists already
     _download('https://example.invalid/w.pth')  # cached
     assert events.count('download') == 1 and events.count('barrier') == 2
+
+
+def test_load_backbone_checkpoint_is_safe_by_default(tmp_path):
+    """The backbone loader, called without ``trust``, refuses a payload."""
+    from paca_mm.checkpoint import load_backbone_checkpoint
+    path, marker = _payload(tmp_path, 'meta')
+    with pytest.raises(CheckpointError):
+        load_backbone_checkpoint(PaCaViT(arch='tiny'), str(path))
+    assert not marker.exists()

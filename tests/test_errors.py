@@ -174,3 +174,16 @@ def test_missing_tensors_are_missing_not_a_cluster_count_change():
         del sd[key]
     report = match_state_dict(model_sd, sd)
     assert report['missing'] == gone and report['reinit'] == []
+    # the teacher's: a missing BN weight is missing, an extra teacher tensor unexpected
+    from paca_mm.checkpoint import load_backbone_checkpoint
+    teacher = PaCaViT(arch=ARCH, num_clusters=(4, 4, 4, 4), teacher=dict(depths=(1,) * 4))
+    model_sd = teacher.state_dict()
+    sd = dict(model_sd, **{'paca_teacher.extra.weight': torch.zeros(1)})
+    del sd['paca_teacher.block1.0.3.weight']
+    report = match_state_dict(model_sd, sd)
+    assert report['missing'] == ['paca_teacher.block1.0.3.weight']
+    assert report['unexpected'] == ['paca_teacher.extra.weight'] and report['reinit'] == []
+    # loading is not strict by default: it reports, strict=True raises
+    assert load_backbone_checkpoint(teacher, sd)['missing'] == report['missing']
+    with pytest.raises(CheckpointError, match='paca_teacher.block1.0.3.weight'):
+        load_backbone_checkpoint(teacher, sd, strict=True)
