@@ -24,6 +24,17 @@ def _isolate_global_state():
     DefaultScope._instance_dict.update(scopes)
 
 
+@pytest.fixture(autouse=True, scope='module')
+def _isolate_module_state():
+    """The same for module-scoped fixtures (e.g. a model built once per module under a
+    toolbox's scope): each test module leaves mmengine's default scope as it found it."""
+    from mmengine.registry import DefaultScope
+    scopes = dict(DefaultScope._instance_dict)
+    yield
+    DefaultScope._instance_dict.clear()
+    DefaultScope._instance_dict.update(scopes)
+
+
 @pytest.fixture(scope='session')
 def load_tool():
     """``load_tool('train')``: a fresh import of ``tools/train.py`` (any script under
