@@ -27,7 +27,6 @@ import os
 import os.path as osp
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
