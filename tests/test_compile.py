@@ -70,8 +70,10 @@ def test_training_through_mmengine_compile(tmp_path, load_tool):
     from paca_mm.datasets.synthetic_seg import generate_synthetic_seg
     root = generate_synthetic_seg(str(tmp_path / 'data'), num_train=4, num_val=2,
                                   size=(32, 32), seed=0)
+    # paramwise_cfg: per-parameter groups, which mmengine makes ConfigDicts; dynamo
+    # (torch 2.14.1) cannot trace the optimizer step over them without PlainParamGroupsHook
     data = [f'{s}_dataloader.dataset.data_root={root}' for s in ('train', 'val', 'test')] + \
-        ['param_scheduler.0.eta_min=1e-5']
+        ['param_scheduler.0.eta_min=1e-5', 'optim_wrapper.paramwise_cfg.norm_decay_mult=0.']
     train = load_tool('train')
     torch._dynamo.reset()
     counters.clear()
@@ -92,6 +94,38 @@ def test_training_through_mmengine_compile(tmp_path, load_tool):
         torch.testing.assert_close(compiled[k], v, rtol=1e-4, atol=1e-5)
         moved += k in initial and v.is_floating_point() and not torch.equal(v, initial[k])
     assert moved > 0
+
+
+def test_plain_param_groups_hook(tmp_path):
+    """tools/train.py adds the hook (once) when compile is on; in before_train it makes the
+    optimizers' ConfigDict groups plain dicts with the same keys, values and order, also
+    inside an OptimWrapperDict."""
+    from types import SimpleNamespace
+
+    from mmengine.config import Config, ConfigDict
+    from mmengine.optim import OptimWrapperDict, build_optim_wrapper
+
+    from paca_mm.utils.compile_hook import PlainParamGroupsHook
+    from paca_mm.utils.runtime import add_plain_param_groups_hook
+    cfg = Config.fromfile(CONFIG)
+    assert add_plain_param_groups_hook(cfg) == [] and not cfg.get('custom_hooks')
+    cfg.compile = dict(backend='aot_eager')
+    assert add_plain_param_groups_hook(cfg) and add_plain_param_groups_hook(cfg) == []
+    assert [h['type'] for h in cfg.custom_hooks] == ['PlainParamGroupsHook']
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.LayerNorm(3))
+    optim_cfg = ConfigDict(type='OptimWrapper', optimizer=dict(type='AdamW', lr=1e-3, weight_decay=0.01),
+                           paramwise_cfg=dict(norm_decay_mult=0.))
+    wrappers = [build_optim_wrapper(model[i:i + 1], optim_cfg) for i in range(2)]
+    before = [[dict(g) for g in w.optimizer.param_groups] for w in wrappers]
+    assert all(type(g) is ConfigDict for w in wrappers for g in w.optimizer.param_groups)
+    group_lists = [w.optimizer.param_groups for w in wrappers]
+    PlainParamGroupsHook().before_train(SimpleNamespace(optim_wrapper=wrappers[0]))
+    PlainParamGroupsHook().before_train(
+        SimpleNamespace(optim_wrapper=OptimWrapperDict(b=wrappers[1])))
+    for w, groups, expected in zip(wrappers, group_lists, before):
+        assert w.optimizer.param_groups is groups  # the same list, changed in place
+        assert [type(g) for g in groups] == [dict] * len(expected) and groups == expected
 
 
 def test_warning_for_compiled_adam_at_lr_zero():

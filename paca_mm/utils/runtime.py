@@ -337,6 +337,21 @@ def compiled_adam_lr_zero(cfg: Config) -> Optional[str]:
     return None
 
 
+def add_plain_param_groups_hook(cfg: Config) -> List[str]:
+    """With ``compile`` on, append :class:`paca_mm.utils.compile_hook.PlainParamGroupsHook`
+    to ``cfg.custom_hooks`` (once), so dynamo can trace the optimizer step of a config with
+    ``paramwise_cfg``; returns log notes."""
+    if not cfg.get('compile'):
+        return []
+    hooks = list(cfg.get('custom_hooks') or [])
+    if any(h.get('type') in ('PlainParamGroupsHook', 'mmengine.PlainParamGroupsHook')
+           for h in hooks):
+        return []
+    cfg.custom_hooks = hooks + [dict(type='PlainParamGroupsHook')]
+    return ['PlainParamGroupsHook added: the optimizer\'s parameter groups become plain dicts '
+            'before the compiled training starts (dynamo cannot trace ConfigDict groups)']
+
+
 def add_rng_state_hook(cfg: Config) -> List[str]:
     """Append :class:`paca_mm.utils.rng_hook.RNGStateHook` to ``cfg.custom_hooks`` (once)
     so checkpoints carry the torch RNG state and ``--resume`` continues it exactly."""
