@@ -128,6 +128,29 @@ def test_plain_param_groups_hook(tmp_path):
         assert [type(g) for g in groups] == [dict] * len(expected) and groups == expected
 
 
+@pytest.mark.parametrize('version, cuda, compile_cfg, warns', [
+    ('2.1.2+cu121', False, True, True),
+    ('2.2.0', False, dict(backend='inductor'), True),
+    ('2.1.2', False, dict(backend='aot_eager'), False),
+    ('2.1.2', False, None, False),
+    ('2.1.2', True, True, False),
+    ('2.3.0', False, True, False),
+    ('2.14.1+cu130', False, True, False),
+])
+def test_warning_for_compiled_cpu_attention_before_torch_23(monkeypatch, version, cuda,
+                                                            compile_cfg, warns):
+    from mmengine.config import Config
+
+    from paca_mm.utils import runtime
+    monkeypatch.setattr(torch, '__version__', version)
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: cuda)
+    cfg = Config.fromfile(CONFIG)
+    cfg.compile = compile_cfg
+    msg = runtime.compiled_cpu_attention_torch_bug(cfg)
+    assert bool(msg) == warns
+    assert not warns or ('#121174' in msg and version in msg and 'aot_eager' in msg)
+
+
 def test_warning_for_compiled_adam_at_lr_zero():
     from mmengine.config import Config
 

@@ -81,8 +81,9 @@ def main(argv=None):
     notes += runtime.add_plain_param_groups_hook(cfg)
     notes += runtime.use_atomic_checkpoints(cfg)
     warnings = runtime.check_resume_checkpoint(cfg)  # CheckpointError: nothing to resume
-    compile_warning = runtime.compiled_adam_lr_zero(cfg)
-    warnings += [compile_warning] if compile_warning else []
+    for compile_warning in (runtime.compiled_adam_lr_zero(cfg),
+                            runtime.compiled_cpu_attention_torch_bug(cfg)):
+        warnings += [compile_warning] if compile_warning else []
     runner = runtime.build_runner(cfg)
     for note in notes:
         runner.logger.info(note)

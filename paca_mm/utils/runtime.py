@@ -337,6 +337,31 @@ def compiled_adam_lr_zero(cfg: Config) -> Optional[str]:
     return None
 
 
+def compiled_cpu_attention_torch_bug(cfg: Config) -> Optional[str]:
+    """A warning when the config trains with ``compile`` through inductor on the CPU with
+    torch < 2.3; else None.
+
+    There inductor lays out the inputs of the CPU flash attention after a convolution (PaCa's
+    clustering) channels-last, and its generated code then fails
+    ``assert_size_stride`` on the attention output in the first iteration
+    (pytorch/pytorch#121174, fixed in torch 2.3 by #122083; seen here with torch 2.1.2).
+    """
+    compile_cfg = cfg.get('compile')
+    if not compile_cfg or torch.cuda.is_available():
+        return None
+    backend = compile_cfg.get('backend', 'inductor') if isinstance(compile_cfg, dict) \
+        else 'inductor'
+    if backend != 'inductor' or _torch_version() >= (2, 3):
+        return None
+    return (f'compile with inductor on the CPU fails on torch {torch.__version__} for PaCa\'s '
+            'attention after a convolution (pytorch/pytorch#121174, fixed in torch 2.3): '
+            'use torch >= 2.3, compile.backend=aot_eager, or train without compile.')
+
+
+def _torch_version() -> Tuple[int, int]:
+    return tuple(int(v) for v in re.findall(r'\d+', torch.__version__)[:2])
+
+
 def add_plain_param_groups_hook(cfg: Config) -> List[str]:
     """With ``compile`` on, append :class:`paca_mm.utils.compile_hook.PlainParamGroupsHook`
     to ``cfg.custom_hooks`` (once), so dynamo can trace the optimizer step of a config with
