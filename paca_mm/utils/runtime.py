@@ -362,29 +362,34 @@ def _torch_version() -> Tuple[int, int]:
     return tuple(int(v) for v in re.findall(r'\d+', torch.__version__)[:2])
 
 
+def _add_custom_hook(cfg: Config, name: str, note: str) -> List[str]:
+    """Append ``dict(type=name)`` to ``cfg.custom_hooks`` unless the config has that hook;
+    returns ``[note]`` when it was added, else ``[]``."""
+    hooks = list(cfg.get('custom_hooks') or [])
+    if any(h.get('type') in (name, f'mmengine.{name}') for h in hooks):
+        return []
+    cfg.custom_hooks = hooks + [dict(type=name)]
+    return [note]
+
+
 def add_plain_param_groups_hook(cfg: Config) -> List[str]:
     """With ``compile`` on, append :class:`paca_mm.utils.compile_hook.PlainParamGroupsHook`
     to ``cfg.custom_hooks`` (once), so dynamo can trace the optimizer step of a config with
     ``paramwise_cfg``; returns log notes."""
     if not cfg.get('compile'):
         return []
-    hooks = list(cfg.get('custom_hooks') or [])
-    if any(h.get('type') in ('PlainParamGroupsHook', 'mmengine.PlainParamGroupsHook')
-           for h in hooks):
-        return []
-    cfg.custom_hooks = hooks + [dict(type='PlainParamGroupsHook')]
-    return ['PlainParamGroupsHook added: the optimizer\'s parameter groups become plain dicts '
-            'before the compiled training starts (dynamo cannot trace ConfigDict groups)']
+    return _add_custom_hook(
+        cfg, 'PlainParamGroupsHook', 'PlainParamGroupsHook added: the optimizer\'s parameter '
+        'groups become plain dicts before the compiled training starts (dynamo cannot trace '
+        'ConfigDict groups)')
 
 
 def add_rng_state_hook(cfg: Config) -> List[str]:
     """Append :class:`paca_mm.utils.rng_hook.RNGStateHook` to ``cfg.custom_hooks`` (once)
     so checkpoints carry the torch RNG state and ``--resume`` continues it exactly."""
-    hooks = list(cfg.get('custom_hooks') or [])
-    if any(h.get('type') in ('RNGStateHook', 'mmengine.RNGStateHook') for h in hooks):
-        return []
-    cfg.custom_hooks = hooks + [dict(type='RNGStateHook')]
-    return ['RNGStateHook added: checkpoints keep the torch RNG state for exact --resume']
+    return _add_custom_hook(
+        cfg, 'RNGStateHook',
+        'RNGStateHook added: checkpoints keep the torch RNG state for exact --resume')
 
 
 # ------------------------------------------------------- atomic checkpoints, --resume
