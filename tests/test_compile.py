@@ -114,7 +114,8 @@ def test_plain_param_groups_hook(tmp_path):
     assert [h['type'] for h in cfg.custom_hooks] == ['PlainParamGroupsHook']
 
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.LayerNorm(3))
-    optim_cfg = ConfigDict(type='OptimWrapper', optimizer=dict(type='AdamW', lr=1e-3, weight_decay=0.01),
+    optim_cfg = ConfigDict(type='OptimWrapper',
+                           optimizer=dict(type='AdamW', lr=1e-3, weight_decay=0.01),
                            paramwise_cfg=dict(norm_decay_mult=0.))
     wrappers = [build_optim_wrapper(model[i:i + 1], optim_cfg) for i in range(2)]
     before = [[dict(g) for g in w.optimizer.param_groups] for w in wrappers]
