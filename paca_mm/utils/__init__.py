@@ -11,7 +11,7 @@ from .runtime import (adapt_cfg_to_device, add_plain_param_groups_hook, add_rng_
 __all__ = [
     'CPUAmpOptimWrapper', 'CPUDistributedDataParallel', 'PlainParamGroupsHook', 'RNGStateHook',
     'add_plain_param_groups_hook', 'add_rng_state_hook', 'adapt_cfg_to_device',
-    'allow_mmengine_checkpoint_globals', 'apply_test_args', 'apply_train_args', 'build_runner', 'get_scope',
-    'init_cpu_distributed', 'mmengine_checkpoint_globals', 'register_toolbox_modules',
+    'allow_mmengine_checkpoint_globals', 'apply_test_args', 'apply_train_args', 'build_runner',
+    'get_scope', 'init_cpu_distributed', 'mmengine_checkpoint_globals', 'register_toolbox_modules',
     'set_work_dir', 'trust_checkpoints'
 ]
