@@ -61,8 +61,8 @@ def register_all():
     _register('mmengine', 'MODEL_WRAPPERS', CPUDistributedDataParallel)
     from .utils.rng_hook import RNGStateHook  # tools/train.py: exact --resume
     _register('mmengine', 'HOOKS', RNGStateHook)
-    from .utils.compile_hook import PlainParamGroupsHook  # tools/train.py with compile
-    _register('mmengine', 'HOOKS', PlainParamGroupsHook)
+    from .utils.compile_hook import EagerOptimizerStepHook  # tools/train.py with compile
+    _register('mmengine', 'HOOKS', EagerOptimizerStepHook)
     # checkpoints: weights-only + the Runner allow-list in mmengine's CheckpointLoader and
     # torch.load (the toolboxes' own tools/test.py, load_from, --resume, init_model ...)
     from .checkpoint import install_safe_checkpoint_loading

@@ -70,8 +70,8 @@ def test_training_through_mmengine_compile(tmp_path, load_tool):
     from paca_mm.datasets.synthetic_seg import generate_synthetic_seg
     root = generate_synthetic_seg(str(tmp_path / 'data'), num_train=4, num_val=2,
                                   size=(32, 32), seed=0)
-    # paramwise_cfg: per-parameter groups, which mmengine makes ConfigDicts; dynamo
-    # (torch 2.14.1) cannot trace the optimizer step over them without PlainParamGroupsHook
+    # paramwise_cfg: per-parameter groups, which mmengine makes ConfigDicts; traced, the
+    # optimizer step fails on them (torch 2.14.1) without EagerOptimizerStepHook
     data = [f'{s}_dataloader.dataset.data_root={root}' for s in ('train', 'val', 'test')] + \
         ['param_scheduler.0.eta_min=1e-5', 'optim_wrapper.paramwise_cfg.norm_decay_mult=0.']
     train = load_tool('train')
@@ -96,37 +96,67 @@ def test_training_through_mmengine_compile(tmp_path, load_tool):
     assert moved > 0
 
 
-def test_plain_param_groups_hook(tmp_path):
-    """tools/train.py adds the hook (once) when compile is on; in before_train it makes the
-    optimizers' ConfigDict groups plain dicts with the same keys, values and order, also
-    inside an OptimWrapperDict."""
+def test_eager_optimizer_step_hook():
+    """tools/train.py adds the hook (once) when compile is on. In before_train it keeps each
+    optimizer wrapper's update_params (also inside an OptimWrapperDict) out of a compiled
+    train step: no optimizer op in any captured graph, and the same parameters as eager
+    (with ConfigDict groups from paramwise_cfg, which dynamo 2.14 cannot trace)."""
     from types import SimpleNamespace
 
     from mmengine.config import Config, ConfigDict
     from mmengine.optim import OptimWrapperDict, build_optim_wrapper
 
-    from paca_mm.utils.compile_hook import PlainParamGroupsHook
-    from paca_mm.utils.runtime import add_plain_param_groups_hook
+    from paca_mm.utils.compile_hook import EagerOptimizerStepHook
+    from paca_mm.utils.runtime import add_eager_optimizer_step_hook
     cfg = Config.fromfile(CONFIG)
-    assert add_plain_param_groups_hook(cfg) == [] and not cfg.get('custom_hooks')
+    assert add_eager_optimizer_step_hook(cfg) == [] and not cfg.get('custom_hooks')
     cfg.compile = dict(backend='aot_eager')
-    assert add_plain_param_groups_hook(cfg) and add_plain_param_groups_hook(cfg) == []
-    assert [h['type'] for h in cfg.custom_hooks] == ['PlainParamGroupsHook']
+    assert add_eager_optimizer_step_hook(cfg) and add_eager_optimizer_step_hook(cfg) == []
+    assert [h['type'] for h in cfg.custom_hooks] == ['EagerOptimizerStepHook']
 
-    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.LayerNorm(3))
-    optim_cfg = ConfigDict(type='OptimWrapper',
-                           optimizer=dict(type='AdamW', lr=1e-3, weight_decay=0.01),
-                           paramwise_cfg=dict(norm_decay_mult=0.))
-    wrappers = [build_optim_wrapper(model[i:i + 1], optim_cfg) for i in range(2)]
-    before = [[dict(g) for g in w.optimizer.param_groups] for w in wrappers]
-    assert all(type(g) is ConfigDict for w in wrappers for g in w.optimizer.param_groups)
-    group_lists = [w.optimizer.param_groups for w in wrappers]
-    PlainParamGroupsHook().before_train(SimpleNamespace(optim_wrapper=wrappers[0]))
-    PlainParamGroupsHook().before_train(
-        SimpleNamespace(optim_wrapper=OptimWrapperDict(b=wrappers[1])))
-    for w, groups, expected in zip(wrappers, group_lists, before):
-        assert w.optimizer.param_groups is groups  # the same list, changed in place
-        assert [type(g) for g in groups] == [dict] * len(expected) and groups == expected
+    def wrapper_and_model(seed):
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.LayerNorm(3))
+        optim_cfg = ConfigDict(type='OptimWrapper',
+                               optimizer=dict(type='AdamW', lr=1e-2, weight_decay=0.01),
+                               paramwise_cfg=dict(norm_decay_mult=0.))
+        return build_optim_wrapper(model, optim_cfg), model
+
+    ops = []
+
+    def backend(gm, example_inputs):
+        ops.extend(str(n.target) for n in gm.graph.nodes
+                   if n.op in ('call_function', 'call_method', 'call_module'))
+        return gm
+
+    x = torch.randn(4, 3)
+    for seed, as_dict in ((0, False), (1, True)):
+        eager_wrapper, eager_model = wrapper_and_model(seed)
+        wrapper, model = wrapper_and_model(seed)
+        assert all(type(g) is ConfigDict for g in wrapper.optimizer.param_groups)
+        runner = SimpleNamespace(
+            optim_wrapper=OptimWrapperDict(m=wrapper) if as_dict else wrapper)
+        EagerOptimizerStepHook().before_train(runner)
+
+        def train_step(x, wrapper=wrapper, model=model):
+            loss = model(x).pow(2).mean()
+            wrapper.update_params(loss)
+            return loss
+
+        torch._dynamo.reset()
+        ops.clear()
+        compiled = torch.compile(train_step, backend=backend)
+        for lr in (1e-2, 5e-3, 2e-3):  # a schedule: the learning rate changes every step
+            for w in (wrapper, eager_wrapper):
+                for group in w.optimizer.param_groups:
+                    group['lr'] = lr
+            compiled(x)
+            eager_wrapper.update_params(eager_model(x).pow(2).mean())
+        torch._dynamo.reset()
+        assert ops and not any('addcdiv' in op or 'foreach' in op or 'lerp' in op
+                               for op in ops), ops
+        for p, q in zip(model.parameters(), eager_model.parameters()):
+            torch.testing.assert_close(p, q)
 
 
 @pytest.mark.parametrize('version, cuda, compile_cfg, warns', [

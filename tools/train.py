@@ -78,7 +78,7 @@ def main(argv=None):
     notes = runtime.apply_train_args(cfg, amp=args.amp, auto_scale_lr=args.auto_scale_lr,
                                      resume=args.resume)
     notes += runtime.add_rng_state_hook(cfg)
-    notes += runtime.add_plain_param_groups_hook(cfg)
+    notes += runtime.add_eager_optimizer_step_hook(cfg)
     notes += runtime.use_atomic_checkpoints(cfg)
     warnings = runtime.check_resume_checkpoint(cfg)  # CheckpointError: nothing to resume
     for compile_warning in (runtime.compiled_adam_lr_zero(cfg),

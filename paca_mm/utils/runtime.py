@@ -372,16 +372,17 @@ def _add_custom_hook(cfg: Config, name: str, note: str) -> List[str]:
     return [note]
 
 
-def add_plain_param_groups_hook(cfg: Config) -> List[str]:
-    """With ``compile`` on, append :class:`paca_mm.utils.compile_hook.PlainParamGroupsHook`
-    to ``cfg.custom_hooks`` (once), so dynamo can trace the optimizer step of a config with
-    ``paramwise_cfg``; returns log notes."""
+def add_eager_optimizer_step_hook(cfg: Config) -> List[str]:
+    """With ``compile`` on, append :class:`paca_mm.utils.compile_hook.EagerOptimizerStepHook`
+    to ``cfg.custom_hooks`` (once): the optimizer step runs outside the compiled
+    ``train_step`` (dynamo cannot trace it over ``paramwise_cfg`` groups, and recompiles it
+    whenever a scheduler changes the learning rate); returns log notes."""
     if not cfg.get('compile'):
         return []
     return _add_custom_hook(
-        cfg, 'PlainParamGroupsHook', 'PlainParamGroupsHook added: the optimizer\'s parameter '
-        'groups become plain dicts before the compiled training starts (dynamo cannot trace '
-        'ConfigDict groups)')
+        cfg, 'EagerOptimizerStepHook', 'EagerOptimizerStepHook added: the compiled train_step '
+        'calls the optimizer wrapper\'s update_params eagerly (no recompilation at each '
+        'learning-rate change)')
 
 
 def add_rng_state_hook(cfg: Config) -> List[str]:
