@@ -110,7 +110,9 @@ def test_eager_optimizer_step_hook():
     from paca_mm.utils.runtime import add_eager_optimizer_step_hook
     cfg = Config.fromfile(CONFIG)
     assert add_eager_optimizer_step_hook(cfg) == [] and not cfg.get('custom_hooks')
-    cfg.compile = dict(backend='aot_eager')
+    cfg.compile = dict(disable=True)
+    assert add_eager_optimizer_step_hook(cfg) == [] and not cfg.get('custom_hooks')
+    cfg.compile = dict()  # mmengine compiles with the defaults
     assert add_eager_optimizer_step_hook(cfg) and add_eager_optimizer_step_hook(cfg) == []
     assert [h['type'] for h in cfg.custom_hooks] == ['EagerOptimizerStepHook']
 
@@ -164,6 +166,8 @@ def test_eager_optimizer_step_hook():
     ('2.2.0', False, dict(backend='inductor'), True),
     ('2.1.2', False, dict(backend='aot_eager'), False),
     ('2.1.2', False, None, False),
+    ('2.1.2', False, dict(), True),
+    ('2.1.2', False, dict(disable=True), False),
     ('2.1.2', True, True, False),
     ('2.3.0', False, True, False),
     ('2.14.1+cu130', False, True, False),

@@ -305,6 +305,15 @@ def apply_train_args(cfg: Config, amp: bool = False, auto_scale_lr: bool = False
     return notes
 
 
+def compiles(cfg: Config) -> bool:
+    """Whether mmengine's Runner will ``torch.compile`` the train step: ``compile`` is True
+    or a dict (``dict()`` too) without ``disable=True``."""
+    value = cfg.get('compile')
+    if isinstance(value, dict):
+        return not value.get('disable', False)
+    return bool(value)
+
+
 def compiled_adam_lr_zero(cfg: Config) -> Optional[str]:
     """A warning when the config trains with ``compile`` and an Adam-family optimizer while
     a parameter scheduler takes the learning rate to 0 (``PolyLR``/``CosineAnnealingLR``
@@ -315,7 +324,7 @@ def compiled_adam_lr_zero(cfg: Config) -> Optional[str]:
     0 gets 0 / -0 = NaN (pytorch/pytorch#126514; seen here with torch 2.14.1: a tiny
     segmentation run ends with NaN weights in its last iteration, where PolyLR reaches 0).
     """
-    if not cfg.get('compile'):
+    if not compiles(cfg):
         return None
     optim = (cfg.get('optim_wrapper') or {}).get('optimizer') or {}
     if 'adam' not in str(optim.get('type', '')).lower():
@@ -347,7 +356,7 @@ def compiled_cpu_attention_torch_bug(cfg: Config) -> Optional[str]:
     (pytorch/pytorch#121174, fixed in torch 2.3 by #122083; seen here with torch 2.1.2).
     """
     compile_cfg = cfg.get('compile')
-    if not compile_cfg or torch.cuda.is_available():
+    if not compiles(cfg) or torch.cuda.is_available():
         return None
     backend = compile_cfg.get('backend', 'inductor') if isinstance(compile_cfg, dict) \
         else 'inductor'
@@ -377,7 +386,7 @@ def add_eager_optimizer_step_hook(cfg: Config) -> List[str]:
     to ``cfg.custom_hooks`` (once): the optimizer step runs outside the compiled
     ``train_step`` (dynamo cannot trace it over ``paramwise_cfg`` groups, and recompiles it
     whenever a scheduler changes the learning rate); returns log notes."""
-    if not cfg.get('compile'):
+    if not compiles(cfg):
         return []
     return _add_custom_hook(
         cfg, 'EagerOptimizerStepHook', 'EagerOptimizerStepHook added: the compiled train_step '
