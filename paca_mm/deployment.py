@@ -26,6 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .models.backbones.paca_vit import PaCaViT
+from .utils.runtime import torch_version
 
 KINDS = ('backbone', 'segmentor', 'classifier')
 
@@ -116,15 +117,10 @@ def default_kind(model: nn.Module) -> str:
     return 'backbone'
 
 
-def _torch_version() -> Tuple[int, int]:
-    major, minor = torch.__version__.split('.')[:2]
-    return int(major), int(minor)
-
-
 def exporter_kwargs() -> Dict[str, bool]:
     """Extra ``torch.onnx.export`` arguments that pick the TorchScript-based exporter on
     every torch (the one torch 2.1 has; torch >= 2.9 defaults to the dynamo exporter)."""
-    return {'dynamo': False} if _torch_version() >= (2, 5) else {}
+    return {'dynamo': False} if torch_version() >= (2, 5) else {}
 
 
 def _fixed_grid_pools(model: nn.Module) -> List[str]:

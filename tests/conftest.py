@@ -1,3 +1,4 @@
+import contextlib
 import os
 
 import torch
@@ -10,29 +11,33 @@ torch.set_num_threads(int(os.environ.get('PACA_MM_TEST_THREADS', 0))
 import pytest  # noqa: E402
 
 
+@contextlib.contextmanager
+def _default_scope_restored():
+    """Restore mmengine's default scopes (``DefaultScope._instance_dict``) on exit."""
+    from mmengine.registry import DefaultScope
+    scopes = dict(DefaultScope._instance_dict)
+    yield
+    DefaultScope._instance_dict.clear()
+    DefaultScope._instance_dict.update(scopes)
+
+
 @pytest.fixture(autouse=True)
 def _isolate_global_state():
     """Tests must not leak process-wide state into each other: grad mode and mmengine's
     default scope (``init_default_scope`` in one test would redirect every later
     ``Registry.build`` to that toolbox)."""
-    from mmengine.registry import DefaultScope
     grad = torch.is_grad_enabled()
-    scopes = dict(DefaultScope._instance_dict)
-    yield
+    with _default_scope_restored():
+        yield
     torch.set_grad_enabled(grad)
-    DefaultScope._instance_dict.clear()
-    DefaultScope._instance_dict.update(scopes)
 
 
 @pytest.fixture(autouse=True, scope='module')
 def _isolate_module_state():
     """The same for module-scoped fixtures (e.g. a model built once per module under a
     toolbox's scope): each test module leaves mmengine's default scope as it found it."""
-    from mmengine.registry import DefaultScope
-    scopes = dict(DefaultScope._instance_dict)
-    yield
-    DefaultScope._instance_dict.clear()
-    DefaultScope._instance_dict.update(scopes)
+    with _default_scope_restored():
+        yield
 
 
 @pytest.fixture(scope='session')

@@ -360,15 +360,17 @@ def compiled_cpu_attention_torch_bug(cfg: Config) -> Optional[str]:
         return None
     backend = compile_cfg.get('backend', 'inductor') if isinstance(compile_cfg, dict) \
         else 'inductor'
-    if backend != 'inductor' or _torch_version() >= (2, 3):
+    if backend != 'inductor' or torch_version() >= (2, 3):
         return None
     return (f'compile with inductor on the CPU fails on torch {torch.__version__} for PaCa\'s '
             'attention after a convolution (pytorch/pytorch#121174, fixed in torch 2.3): '
             'use torch >= 2.3, compile.backend=aot_eager, or train without compile.')
 
 
-def _torch_version() -> Tuple[int, int]:
-    return tuple(int(v) for v in re.findall(r'\d+', torch.__version__)[:2])
+def torch_version() -> Tuple[int, int]:
+    """(major, minor) of the running torch."""
+    major, minor = torch.__version__.split('.')[:2]
+    return int(major), int(minor)
 
 
 def _add_custom_hook(cfg: Config, name: str, note: str) -> List[str]:
