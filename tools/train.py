@@ -80,7 +80,9 @@ def main(argv=None):
     notes += runtime.add_rng_state_hook(cfg)
     notes += runtime.add_eager_optimizer_step_hook(cfg)
     notes += runtime.use_atomic_checkpoints(cfg)
-    warnings = runtime.check_resume_checkpoint(cfg)  # CheckpointError: nothing to resume
+    static_notes, warnings = runtime.compile_static_shapes(cfg)
+    notes += static_notes
+    warnings += runtime.check_resume_checkpoint(cfg)  # CheckpointError: nothing to resume
     for compile_warning in (runtime.compiled_adam_lr_zero(cfg),
                             runtime.compiled_cpu_attention_torch_bug(cfg)):
         warnings += [compile_warning] if compile_warning else []

@@ -367,6 +367,40 @@ def compiled_cpu_attention_torch_bug(cfg: Config) -> Optional[str]:
             'use torch >= 2.3, compile.backend=aot_eager, or train without compile.')
 
 
+def compile_static_shapes(cfg: Config) -> Tuple[List[str], List[str]]:
+    """With ``compile`` through inductor, make the compiled graphs static in shape: set
+    ``compile.dynamic=False`` unless the config sets ``dynamic``; returns (log notes,
+    warnings).
+
+    Inductor (torch 2.14.1, seen here) fails to compile a training graph with symbolic
+    sizes when a tensor it saves for the backward is a view whose strides it cannot order,
+    as PaCa's channels_last (B, C, H, W) views of (B, N, C) tokens are: ``InductorError:
+    TypeError: cannot determine truth value of Relational: 128*s65 < 128`` in
+    ``ir.get_stride_order`` (pytorch/pytorch#172204, #185510). torch.compile's default,
+    ``dynamic=None``, recompiles with symbolic sizes at the second input size, so Mask R-CNN's
+    multi-scale training stopped with that error in its third iteration. With
+    ``dynamic=False`` each input size is compiled once (up to dynamo's ``cache_size_limit``
+    sizes per frame; frames beyond it run eagerly).
+    """
+    compile_cfg = cfg.get('compile')
+    if not compiles(cfg):
+        return [], []
+    compile_cfg = dict(compile_cfg) if isinstance(compile_cfg, dict) else {}
+    if compile_cfg.get('backend', 'inductor') != 'inductor':
+        return [], []
+    if 'dynamic' not in compile_cfg:
+        cfg.compile = dict(compile_cfg, dynamic=False)
+        return ['compile.dynamic=False set: inductor cannot compile PaCa\'s training graphs '
+                'with symbolic sizes (pytorch/pytorch#172204); each input size is compiled '
+                'once. Set compile.dynamic in the config to choose otherwise.'], []
+    if compile_cfg['dynamic'] is not False:
+        return [], [f'compile.dynamic={compile_cfg["dynamic"]}: inductor fails to compile PaCa\'s '
+                    'training graphs with symbolic sizes (InductorError "cannot determine truth '
+                    'value of Relational", pytorch/pytorch#172204); use compile.dynamic=False '
+                    'or compile.backend=aot_eager.']
+    return [], []
+
+
 def torch_version() -> Tuple[int, int]:
     """(major, minor) of the running torch."""
     major, minor = torch.__version__.split('.')[:2]
