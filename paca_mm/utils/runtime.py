@@ -373,14 +373,14 @@ def compile_static_shapes(cfg: Config) -> Tuple[List[str], List[str]]:
     warnings).
 
     Inductor (torch 2.14.1, seen here) fails to compile a training graph with symbolic
-    sizes when a tensor it saves for the backward is a view whose strides it cannot order,
-    as PaCa's channels_last (B, C, H, W) views of (B, N, C) tokens are: ``InductorError:
-    TypeError: cannot determine truth value of Relational: 128*s65 < 128`` in
-    ``ir.get_stride_order`` (pytorch/pytorch#172204, #185510). torch.compile's default,
-    ``dynamic=None``, recompiles with symbolic sizes at the second input size, so Mask R-CNN's
-    multi-scale training stopped with that error in its third iteration. With
-    ``dynamic=False`` each input size is compiled once (up to dynamo's ``cache_size_limit``
-    sizes per frame; frames beyond it run eagerly).
+    sizes when a (B, C, H, W) tensor it saves for the backward has channels_last strides, as
+    PaCa's views of (B, N, C) tokens have: ``InductorError: TypeError: cannot determine truth
+    value of Relational: 128*s65 < 128`` in ``ir.get_stride_order`` (pytorch/pytorch#172204,
+    #185510). torch.compile's default, ``dynamic=None``, recompiles with symbolic sizes at
+    the second input size, so Mask R-CNN's multi-scale training stopped with that error in
+    its third iteration. With ``dynamic=False`` each input size is compiled once (up to
+    dynamo's ``recompile_limit``, ``cache_size_limit`` in older torch, sizes per frame;
+    beyond it the frame runs eagerly). docs/benchmarks.md, issue 20.4.
     """
     compile_cfg = cfg.get('compile')
     if not compiles(cfg):
