@@ -314,6 +314,15 @@ def compiles(cfg: Config) -> bool:
     return bool(value)
 
 
+def compile_backend(cfg: Config) -> Optional[str]:
+    """The ``torch.compile`` backend mmengine's Runner will use (inductor unless ``compile``
+    names another), or None when it does not compile."""
+    if not compiles(cfg):
+        return None
+    value = cfg.get('compile')
+    return value.get('backend', 'inductor') if isinstance(value, dict) else 'inductor'
+
+
 def compiled_adam_lr_zero(cfg: Config) -> Optional[str]:
     """A warning when the config trains with ``compile`` and an Adam-family optimizer while
     a parameter scheduler takes the learning rate to 0 (``PolyLR``/``CosineAnnealingLR``
@@ -355,12 +364,8 @@ def compiled_cpu_attention_torch_bug(cfg: Config) -> Optional[str]:
     ``assert_size_stride`` on the attention output in the first iteration
     (pytorch/pytorch#121174, fixed in torch 2.3 by #122083; seen here with torch 2.1.2).
     """
-    compile_cfg = cfg.get('compile')
-    if not compiles(cfg) or torch.cuda.is_available():
-        return None
-    backend = compile_cfg.get('backend', 'inductor') if isinstance(compile_cfg, dict) \
-        else 'inductor'
-    if backend != 'inductor' or torch_version() >= (2, 3):
+    if compile_backend(cfg) != 'inductor' or torch.cuda.is_available() or \
+            torch_version() >= (2, 3):
         return None
     return (f'compile with inductor on the CPU fails on torch {torch.__version__} for PaCa\'s '
             'attention after a convolution (pytorch/pytorch#121174, fixed in torch 2.3): '
@@ -382,12 +387,9 @@ def compile_static_shapes(cfg: Config) -> Tuple[List[str], List[str]]:
     dynamo's ``recompile_limit``, ``cache_size_limit`` in older torch, sizes per frame;
     beyond it the frame runs eagerly). docs/benchmarks.md, issue 20.4.
     """
-    compile_cfg = cfg.get('compile')
-    if not compiles(cfg):
+    if compile_backend(cfg) != 'inductor':
         return [], []
-    compile_cfg = dict(compile_cfg) if isinstance(compile_cfg, dict) else {}
-    if compile_cfg.get('backend', 'inductor') != 'inductor':
-        return [], []
+    compile_cfg = dict(cfg.compile) if isinstance(cfg.compile, dict) else {}
     if 'dynamic' not in compile_cfg:
         cfg.compile = dict(compile_cfg, dynamic=False)
         return ['compile.dynamic=False set: inductor cannot compile PaCa\'s training graphs '
