@@ -1,5 +1,5 @@
 # PaCa-Tiny (conv, clusters 100-100-100-0) Mask R-CNN + FPN, COCO, 1x, multi-scale 480-800.
-# Recipe of the official configs (spec 7.2): AdamW lr 1e-4 / wd 0.05 (no decay on norms),
+# Recipe of the official configs (paper Appendix B.2): AdamW lr 1e-4 / wd 0.05 (no decay on norms),
 # 12 epochs, batch 2 per GPU x 8 GPUs, drop path 0.1, the ImageNet cluster counts kept.
 # Published (paper Table 2): 32.0M params, 252 GFLOPs at 1280x800, APb 43.3, APm 39.6.
 # Pretrained backbone: the released ImageNet-1k checkpoint IMNET_224_<model>.pth (links in

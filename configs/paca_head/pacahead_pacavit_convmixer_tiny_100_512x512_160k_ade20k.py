@@ -1,5 +1,5 @@
 # PaCa^ec-Tiny (ConvMixer teacher)
-# PaCa-ViT backbone + PaCa head, ADE20k 512x512 crops, 160k iterations (spec 7.3).
+# PaCa-ViT backbone + PaCa head, ADE20k 512x512 crops, 160k iterations (paper Appendix B.3).
 # In the official repository (pacahead_pacavit_convmixer_tiny_100_512x512_160k_ade20k.py)
 # but not in the paper, and no ADE20k or ImageNet weights were released for it; the official
 # config cannot be built (its backbone looks up the misspelt arch 'tiny_eacher').

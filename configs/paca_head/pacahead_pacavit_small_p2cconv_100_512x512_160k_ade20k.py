@@ -1,5 +1,5 @@
 # Table 4 ablation, PaCa-Small with clusters (100,100,100,100)
-# PaCa-ViT backbone + PaCa head, ADE20k 512x512 crops, 160k iterations (spec 7.3).
+# PaCa-ViT backbone + PaCa head, ADE20k 512x512 crops, 160k iterations (paper Appendix B.3).
 # Published: 23.4M params, 48.3 mIoU.
 # Pretrained backbone: the released ImageNet-1k checkpoint (links in the official
 # README, https://github.com/iVMCL/PaCaViT), saved under the path below. paca_mm

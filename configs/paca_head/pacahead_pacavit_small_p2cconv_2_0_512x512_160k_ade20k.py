@@ -1,5 +1,5 @@
 # Table 4 ablation, PaCa-Small pretrained with clusters (2,2,2,0)
-# PaCa-ViT backbone + PaCa head, ADE20k 512x512 crops, 160k iterations (spec 7.3).
+# PaCa-ViT backbone + PaCa head, ADE20k 512x512 crops, 160k iterations (paper Appendix B.3).
 # Published: 23.2M params, 47.7 mIoU. On ADE20k the clusters are reset to 200, so the
 # network equals PaCa-Small; only the pretrained weights differ.
 # Pretrained backbone: the released ImageNet-1k checkpoint (links in the official

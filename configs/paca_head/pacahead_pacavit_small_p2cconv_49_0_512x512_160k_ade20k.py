@@ -1,6 +1,6 @@
 # Table 4 ablation, PaCa-Small pretrained with clusters (49,49,49,0)
 # (like 2_0, the ADE20k network equals PaCa-Small; only the pretrained weights differ)
-# PaCa-ViT backbone + PaCa head, ADE20k 512x512 crops, 160k iterations (spec 7.3).
+# PaCa-ViT backbone + PaCa head, ADE20k 512x512 crops, 160k iterations (paper Appendix B.3).
 # Published (paper): 23.2M params, 48.1 mIoU (the README swaps this row with 49_100).
 # Pretrained backbone: the released ImageNet-1k checkpoint (links in the official
 # README, https://github.com/iVMCL/PaCaViT), saved under the path below. paca_mm

@@ -1,5 +1,5 @@
 # PaCa-Small (mlp clustering)
-# PaCa-ViT backbone + PaCa head, ADE20k 512x512 crops, 160k iterations (spec 7.3).
+# PaCa-ViT backbone + PaCa head, ADE20k 512x512 crops, 160k iterations (paper Appendix B.3).
 # Published: 24.0M params, 50.0 GFLOPs, 48.2 mIoU.
 # Pretrained backbone: the released ImageNet-1k checkpoint (links in the official
 # README, https://github.com/iVMCL/PaCaViT), saved under the path below. paca_mm

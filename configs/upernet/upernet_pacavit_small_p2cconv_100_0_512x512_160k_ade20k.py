@@ -1,5 +1,5 @@
 # PaCa-Small
-# PaCa-ViT backbone + UperNet, ADE20k 512x512 crops, 160k iterations (spec 7.4).
+# PaCa-ViT backbone + UperNet, ADE20k 512x512 crops, 160k iterations (paper Appendix B.3).
 # Published: 51.4M params (aux head included), 242.7 GFLOPs, 47.6 mIoU.
 # As in the released configs: drop path 0.1 for every size, and no lr multipliers (the
 # paper's head/cluster lr x10 is only used with the PaCa head).

@@ -1,5 +1,5 @@
 # COCO 2017 instance segmentation (train2017 / val2017), bbox + segm CocoMetric.
-# Training augmentation "mstrain_480_800" of the official PaCa-ViT configs (spec 7.2), the
+# Training augmentation "mstrain_480_800" of the official PaCa-ViT configs, the
 # DETR / Sparse R-CNN recipe: flip, then either (a) a random short side in 480..800 (step 32,
 # long side <= 1333) or (b) a random short side in {400, 500, 600}, a random absolute crop of
 # 384..600 px and then (a). Test: short side 800, long side <= 1333.

@@ -1,4 +1,4 @@
-# ImageNet-1k, 224x224, the PaCa-ViT / DeiT-style timm recipe (spec §7.1) ported to mmpretrain.
+# ImageNet-1k, 224x224, the PaCa-ViT / DeiT-style timm recipe (paper Table 5) ported to mmpretrain.
 # Batch 128 per GPU (8 GPUs -> 1024). Expected layout (mmpretrain's `ImageNet` dataset):
 #   data/imagenet/train/<wnid>/*.JPEG, data/imagenet/val/<wnid>/*.JPEG
 #   (or meta/train.txt, meta/val.txt annotation lists).

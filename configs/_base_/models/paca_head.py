@@ -18,7 +18,7 @@ model = dict(
     backbone=dict(
         type='PaCaViT',
         arch='pacavit_tiny_p2cconv_100_0',
-        # ADE20k: every non-zero stage gets 200 clusters (paper Sec. 4.3, spec 7.3)
+        # ADE20k: every non-zero stage gets 200 clusters (paper Sec. 4.3)
         num_clusters=(200, 200, 200, 0),
         drop_path_rate=0.1,
         layer_scale=None,

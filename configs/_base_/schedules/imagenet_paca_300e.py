@@ -1,4 +1,4 @@
-# PaCa-ViT ImageNet-1k schedule (spec §7.1, paper Table 5): AdamW, 300 epochs, cosine with
+# PaCa-ViT ImageNet-1k schedule (paper Appendix B.1, Table 5): AdamW, 300 epochs, cosine with
 # 5 linear warm-up epochs. lr 5e-4 is the value for a total batch of 512 and is scaled
 # linearly with the real total batch (auto_scale_lr, enabled as timm always does):
 # 8 GPUs x 128 = 1024 images -> lr 1e-3, warm-up start 1e-6, final lr 1e-5.

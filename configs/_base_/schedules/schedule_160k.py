@@ -1,5 +1,5 @@
 # 160k iterations, AdamW (lr 6e-5, wd 0.01, no decay on norms), linear warm-up for 1500
-# iterations, then poly decay (power 1) to 0 (paper B.3, spec 7.3/7.4).
+# iterations, then poly decay (power 1) to 0 (paper Appendix B.3).
 # The official runs use 8 GPUs x 2 images and fp16 AMP with a dynamic loss scale
 # (train_mmseg.sh passes --amp), so AMP is the default here. On a machine without CUDA,
 # tools/train.py and tools/test.py turn it into bf16 autocast (CPUAmpOptimWrapper);

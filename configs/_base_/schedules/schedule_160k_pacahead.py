@@ -1,4 +1,4 @@
-# The PaCa-head recipe (paper B.3, spec 7.3): schedule_160k plus lr x10 (6e-4) for the head
+# The PaCa-head recipe (paper Appendix B.3): schedule_160k plus lr x10 (6e-4) for the head
 # and for the backbone's cluster-count-dependent output layers, which are re-initialised
 # when the ImageNet checkpoint (100 clusters) is loaded with 200 clusters.
 # mmengine matches custom keys as substrings of the parameter names, longest key first.

@@ -1,4 +1,4 @@
-# Detection 1x schedule of the PaCa-ViT Mask R-CNN configs (spec 7.2): 12 epochs, AdamW
+# Detection 1x schedule of the PaCa-ViT Mask R-CNN configs (paper Appendix B.2): 12 epochs, AdamW
 # lr 1e-4, betas (0.9, 0.999), weight decay 0.05 except on parameters whose name contains
 # "norm" (every LayerNorm of PaCaViT; the FPN and R-CNN heads have no norm layers), linear
 # warm-up over 500 iterations, lr x0.1 after epochs 8 and 11. Batch 16 = 8 GPUs x 2.
