@@ -63,7 +63,8 @@ def benchmark(device, plan, out, amp):
     bench_out = osp.join(out, f'benchmark_{tag}')
     cmd = [sys.executable, 'dev/benchmark.py', '--device', device,
            '--models', *plan['models'], '--sizes', *plan['sizes'],
-           '--repeats', str(plan['repeats']), '--warmup', str(plan['warmup']), '--out', bench_out] + (['--amp'] if amp else [])
+           '--repeats', str(plan['repeats']), '--warmup', str(plan['warmup']),
+           '--out', bench_out] + (['--amp'] if amp else [])
     seconds = run_step(f'benchmark ({tag})', cmd, osp.join(out, f'benchmark_{tag}.log'))
     with open(osp.join(bench_out, 'benchmark.csv'), newline='') as f:
         return list(csv.DictReader(f)), seconds
