@@ -1,5 +1,5 @@
 # Quick start: `make demo` (train + evaluate the CPU demos) and `make test` (test suite).
-# Both first create/complete the virtual environment at .venv (tools/setup_env.sh, today's
+# Both first create/complete the virtual environment at .venv (dev/setup_env.sh, today's
 # stack); `make test-compat` does the same with the classic GPU stack (torch 2.1.2, Python 3.8)
 # in .venv-compat. A finished environment is recognised by its stamp and never rebuilt.
 VENV ?= .venv
@@ -12,10 +12,10 @@ GPU_CHECK_ARGS ?=
 	mutation
 
 env:
-	@STACK=main VENV=$(VENV) bash tools/setup_env.sh
+	@STACK=main VENV=$(VENV) bash dev/setup_env.sh
 
 env-compat:
-	@STACK=compat VENV=$(VENV_COMPAT) bash tools/setup_env.sh
+	@STACK=compat VENV=$(VENV_COMPAT) bash dev/setup_env.sh
 
 test: env
 	$(PY) -m pytest tests $(PYTEST_ARGS)
@@ -32,19 +32,19 @@ smoke-demo: env
 clean-demo:
 	rm -rf work_dirs/demo
 
-# Mutation testing (tools/mutation_test.py): plant one small bug at a time in paca_mm/models
+# Mutation testing (dev/mutation_test.py): plant one small bug at a time in paca_mm/models
 # and paca_mm/checkpoint.py and list the mutants the tests miss. Not part of CI (about an hour
 # for all ~700 mutants on 2 cores; MUTATION_ARGS="--limit 60" samples, "--resume" goes on
 # with a run that was cut off). docs/mutation.md: the last full run and its survivors.
 MUTATION_ARGS ?=
 mutation: env
-	$(PY) tools/mutation_test.py --report work_dirs/mutation_report.txt $(MUTATION_ARGS)
+	$(PY) dev/mutation_test.py --report work_dirs/mutation_report.txt $(MUTATION_ARGS)
 
-# The GPU check (tools/gpu_check.sh): `make gpu-check GPU_CHECK_ARGS="--device cpu"` is its
-# dry run here; on the GPU machine run tools/gpu_check.sh itself with the carried wheels.
+# The GPU check (dev/gpu_check.sh): `make gpu-check GPU_CHECK_ARGS="--device cpu"` is its
+# dry run here; on the GPU machine run dev/gpu_check.sh itself with the carried wheels.
 gpu-check: env
-	PYTHON=$(PY) bash tools/gpu_check.sh $(GPU_CHECK_ARGS)
+	PYTHON=$(PY) bash dev/gpu_check.sh $(GPU_CHECK_ARGS)
 
 # The folder of wheels the GPU machine (Python 3.12, no network) needs: gpu_wheels/
 gpu-check-wheels: env
-	PYTHON=$(PY) bash tools/gpu_check.sh --prepare-wheels gpu_wheels
+	PYTHON=$(PY) bash dev/gpu_check.sh --prepare-wheels gpu_wheels

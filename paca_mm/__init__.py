@@ -5,6 +5,5 @@
 """
 from .registry import register_all
 from .version import __version__  # noqa: F401
-from .cpu_inference import fuse_for_cpu_inference  # noqa: F401
 
 register_all()

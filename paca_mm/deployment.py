@@ -108,13 +108,24 @@ def export_module(model: nn.Module, kind: str) -> nn.Module:
     return wrapper(model).eval()
 
 
+MODEL_KINDS = {('mmdet', 'BaseDetector'): 'detector', ('mmseg', 'BaseSegmentor'): 'segmentor',
+               ('mmpretrain', 'BaseClassifier'): 'classifier'}
+
+
+def model_kind(model: nn.Module) -> str:
+    """'detector', 'segmentor' or 'classifier' for a model derived from mmdet's, mmseg's or
+    mmpretrain's base class of that name, else 'model'."""
+    for cls in type(model).__mro__:
+        kind = MODEL_KINDS.get((cls.__module__.split('.')[0], cls.__name__))
+        if kind:
+            return kind
+    return 'model'
+
+
 def default_kind(model: nn.Module) -> str:
-    scope = _scope_of(model)
-    if scope == 'mmseg':
-        return 'segmentor'
-    if scope == 'mmpretrain':
-        return 'classifier'
-    return 'backbone'
+    """The export kind of ``model``: its own for a segmentor or classifier, else backbone."""
+    kind = model_kind(model)
+    return kind if kind in ('segmentor', 'classifier') else 'backbone'
 
 
 def exporter_kwargs() -> Dict[str, bool]:

@@ -39,10 +39,9 @@ def register_all():
     from .models.backbones import PaCaViT
     for toolbox in ('mmpretrain', 'mmdet', 'mmseg'):
         _register(toolbox, 'MODELS', PaCaViT)
-    from .hooks import PaCaClusterVisHook, PaCaCPUInferenceHook  # heatmaps; test runs
+    from .hooks import PaCaClusterVisHook  # heatmaps
     for toolbox in ('mmengine', 'mmpretrain', 'mmdet', 'mmseg'):
         _register(toolbox, 'HOOKS', PaCaClusterVisHook)
-        _register(toolbox, 'HOOKS', PaCaCPUInferenceHook)
     from .models.decode_heads import PaCaEncoderDecoder, PaCaHead  # None without mmseg
     _register('mmseg', 'MODELS', PaCaHead, names=['PaCaHead', 'PaCaSegHead'])
     _register('mmseg', 'MODELS', PaCaEncoderDecoder)

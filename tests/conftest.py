@@ -3,7 +3,7 @@ import os
 
 import torch
 
-# Keep CPU tests predictable on the 2-core CI machine (tools/mutation_test.py runs its jobs
+# Keep CPU tests predictable on the 2-core CI machine (dev/mutation_test.py runs its jobs
 # on one thread each through PACA_MM_TEST_THREADS=1).
 torch.set_num_threads(int(os.environ.get('PACA_MM_TEST_THREADS', 0))
                       or max(1, min(2, os.cpu_count() or 1)))
@@ -43,13 +43,15 @@ def _isolate_module_state():
 @pytest.fixture(scope='session')
 def load_tool():
     """``load_tool('train')``: a fresh import of ``tools/train.py`` (any script under
-    ``tools/``, e.g. ``'deployment/pytorch2onnx'``), to call its ``main(argv)`` in-process."""
+    ``tools/``, e.g. ``'deployment/pytorch2onnx'``, or under ``dev/`` as
+    ``'dev/benchmark'``), to call its ``main(argv)`` in-process."""
     import importlib.util
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
     def load(name):
         spec = importlib.util.spec_from_file_location(
-            f'_paca_tool_{name.replace("/", "_")}', os.path.join(root, 'tools', f'{name}.py'))
+            f'_paca_tool_{name.replace("/", "_")}',
+            os.path.join(root, *([] if name.startswith('dev/') else ['tools']), f'{name}.py'))
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         return module

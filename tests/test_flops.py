@@ -1,5 +1,6 @@
 """tools/get_flops.py: attention FLOPs are counted, PaCa-Tiny matches the paper's 3.2 GFLOPs,
-and the tool runs on a detector config."""
+the tool runs on a detector config, and its --markdown tables take the paper's numbers from
+the metafiles."""
 import os.path as osp
 
 import pytest
@@ -72,7 +73,7 @@ def test_paca_tiny_matches_paper(get_flops):
 def test_backbone_only_and_cli(get_flops, capsys):
     res = get_flops.main(['--backbone', 'tiny', '--num-classes', '0', '--shape', '64', '96'])
     out = capsys.readouterr().out
-    assert res['params'] == 11_815_680  # backbone without head (spec 3.4)
+    assert res['params'] == 11_815_680  # backbone without head (the official code's count)
     assert res['shape'] == (64, 96) and 'FLOPs (MACs)' in out
     with pytest.raises(ValueError, match='exactly one'):
         get_flops.measure(config=None, backbone=None)
@@ -89,7 +90,7 @@ def test_detector_config(get_flops):
                             cfg_options={'model.test_cfg.rpn.max_per_img': 10})
     assert res['kind'] == 'detector'
     assert tuple(res['input_shape']) == (128, 160)  # padded to 32
-    assert res['params'] == 11_815_680 + 20_159_216  # spec 8.2: backbone + Mask R-CNN parts
+    assert res['params'] == 11_815_680 + 20_159_216  # backbone + Mask R-CNN parts (official code)
     assert res['num_rois'] == 10
     for part in ('backbone', 'neck', 'rpn_head', 'roi_head'):
         assert res['by_module'][part] > 0, part
@@ -100,3 +101,46 @@ def test_detector_config(get_flops):
     mask_head = 10 * (4 * 256 * 256 * 9 * 14 * 14 + 256 * 256 * 4 * 14 * 14
                       + 256 * 80 * 28 * 28)
     assert res['by_module']['roi_head'] == bbox_head + mask_head
+
+
+def test_markdown_rows_come_from_the_metafiles(get_flops, monkeypatch):
+    """--markdown: one row per metafile model that holds the paper's numbers (Tables 1-4),
+    in model-index order, next to what was measured (a stand-in here)."""
+    measured = dict(flops=2 * 10**9, params=10**6, by_module={'backbone': 10**9}, num_rois=1000)
+    calls = []
+
+    def measure(**kwargs):
+        calls.append(kwargs)
+        return dict(measured)
+
+    monkeypatch.setattr(get_flops, 'measure', measure)
+    text = get_flops.markdown(log=lambda line: None)
+    rows = [ln for ln in text.splitlines() if ln.startswith('| ') and not ln.startswith('| model')]
+    assert len(rows) == len(calls) == 12 + 12 + 9
+    assert rows[0] == ('| PaCa-Tiny (`pacavit_tiny_p2cconv_100_0`) | 1,000,000 | 12.2 M / '
+                       '12,200,680 | 2.000 | 3.2 / 3.237 | params -91.8%, FLOPs -38.2% |')
+    assert calls[0] == dict(backbone='pacavit_tiny_p2cconv_100_0', shape=(224, 224))
+    assert rows[12] == ('| PaCa-Tiny | 1.00 M | 32.0 M / 31.97 M | 2.0 / 1.0 (official code '
+                        '65.6) | 252 | params -96.9% (vs code), FLOPs -99.2% | 1000 |')
+    assert calls[12]['config'] == osp.join(ROOT, 'configs', 'mask_rcnn', 'mask_rcnn_pacavit_tiny_'
+                                           'p2cconv_100_0_mstrain_480_800_1x_coco.py')
+    assert rows[-1] == ('| Base + UperNet (`configs/upernet/upernet_pacavit_base_p2cconv_100_0_'
+                        '512x512_160k_ade20k.py`) | 1.00 M | 77.2 M / 77.18 M | 2.00 | 264.1 / - '
+                        '| params -98.7%, FLOPs -99.2% (vs paper) |')
+    assert get_flops.markdown(['seg'], log=lambda line: None).startswith('## Table 3')
+
+
+def test_zoo_root_in_an_installed_package(get_flops, tmp_path, monkeypatch):
+    """The metafiles are found beside tools/ (a checkout, or paca_mm/.mim where mim runs the
+    tool) or else in the installed package's paca_mm/.mim."""
+    assert get_flops.zoo_root() == ROOT
+    mim = tmp_path / 'site-packages' / 'paca_mm' / '.mim'
+    mim.mkdir(parents=True)
+    (mim / 'model-index.yml').write_text('Import: []\n')
+    monkeypatch.setattr(get_flops, '__file__', str(tmp_path / 'elsewhere' / 'get_flops.py'))
+    monkeypatch.setattr(get_flops.paca_mm, '__file__', str(mim.parent / '__init__.py'))
+    assert get_flops.zoo_root() == str(mim)
+    assert get_flops.paper_models('Object Detection') == []
+    (mim / 'model-index.yml').unlink()
+    with pytest.raises(FileNotFoundError, match='model-index.yml not found'):
+        get_flops.zoo_root()

@@ -1,4 +1,4 @@
-"""tools/gpu_check.sh in its ``--device cpu`` dry mode: the GPU check's whole path (both
+"""dev/gpu_check.sh in its ``--device cpu`` dry mode: the GPU check's whole path (both
 benchmark runs, the AMP training through tools/train.py, the Markdown report) runs here, so
 it is known to work before it first meets a GPU."""
 import csv
@@ -11,7 +11,7 @@ import sys
 import pytest
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-SCRIPT = osp.join(ROOT, 'tools', 'gpu_check.sh')
+SCRIPT = osp.join(ROOT, 'dev', 'gpu_check.sh')
 
 
 def _run(*args, **env):

@@ -1,4 +1,4 @@
-"""tools/mutation_test.py: which mutants it makes, and a real run that kills one mutant and
+"""dev/mutation_test.py: which mutants it makes, and a real run that kills one mutant and
 reports another as a survivor."""
 import os
 import os.path as osp
@@ -10,7 +10,7 @@ ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
 
 def test_mutants_of(load_tool):
-    tool = load_tool('mutation_test')
+    tool = load_tool('dev/mutation_test')
     source = ('def f(a, *args, **kw):\n'
               '    """doc: 1 + 2"""\n'
               "    s = 'x + y'  # 3 - 4\n"
@@ -26,7 +26,7 @@ def test_mutants_of(load_tool):
 
 
 def test_fail_first_orders_recent_killers_first(load_tool):
-    tool = load_tool('mutation_test')
+    tool = load_tool('dev/mutation_test')
     items = [SimpleNamespace(nodeid=n) for n in ('a', 'b', 'c', 'd')]
     plugin = tool._FailFirst(['c', 'x', 'b'])
     plugin.pytest_collection_modifyitems(items)
@@ -53,7 +53,7 @@ def test_run_kills_and_reports_survivor(tmp_path):
     node = 'tests/test_memory_efficient_ffn.py::test_keeps_one_hidden_activation'
     report = tmp_path / 'report.txt'
     proc = subprocess.run(
-        [sys.executable, 'tools/mutation_test.py', path, '--tests', node, '--jobs', '2',
+        [sys.executable, 'dev/mutation_test.py', path, '--tests', node, '--jobs', '2',
          '--only', killed, survivor, '--report', str(report)],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
         env=dict(os.environ, PYTHONDONTWRITEBYTECODE='1'))
@@ -66,5 +66,5 @@ def test_run_kills_and_reports_survivor(tmp_path):
     assert lines[-1] == ('2 mutants: 1 killed, 0 timed out (counted as killed), '
                          '1 survived')
     assert '--only: no mutant' in subprocess.run(
-        [sys.executable, 'tools/mutation_test.py', path, '--only', f'{path}:1'],
+        [sys.executable, 'dev/mutation_test.py', path, '--only', f'{path}:1'],
         cwd=ROOT, capture_output=True, text=True).stderr

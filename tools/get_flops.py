@@ -49,7 +49,6 @@ from mmengine.config import Config, DictAction
 from paca_mm.models.backbones import PaCaViT
 from paca_mm.utils.flops import count  # noqa: F401  (the counting rule lives there)
 
-REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DEFAULT_SHAPES = {'backbone': (224, 224), 'detector': (800, 1280), 'segmentor': (512, 512)}
 
 
@@ -73,61 +72,24 @@ class PaCaClassifier(nn.Module):
         return self.head(feats[-1].mean((2, 3)))
 
 
-def _strip_pretrained(node):
-    """Remove Pretrained init_cfgs / pretrained paths (in place): counting needs no weights."""
-    if isinstance(node, dict):
-        init = node.get('init_cfg')
-        if isinstance(init, dict) and init.get('type') == 'Pretrained':
-            node['init_cfg'] = None
-        elif isinstance(init, list):
-            node['init_cfg'] = [c for c in init if c.get('type') != 'Pretrained'] or None
-        if isinstance(node.get('pretrained'), str):
-            node['pretrained'] = None
-        for value in node.values():
-            _strip_pretrained(value)
-    elif isinstance(node, (list, tuple)):
-        for value in node:
-            _strip_pretrained(value)
-
-
 def build_from_config(config, cfg_options: Optional[Dict] = None) -> Tuple[nn.Module, str]:
     """Build ``cfg.model`` in its toolbox (by ``default_scope``) without loading weights.
 
     Returns (model in eval mode, kind) with kind in 'detector' | 'segmentor' | 'classifier' |
-    'model'.
+    'model' (:func:`paca_mm.deployment.model_kind`).
     """
     from mmengine.model import revert_sync_batchnorm
     from mmengine.registry import MODELS, init_default_scope
 
+    from paca_mm.deployment import model_kind
     from paca_mm.utils import runtime
+    from paca_mm.visualization.inference import strip_pretrained
     cfg = config if isinstance(config, Config) else Config.fromfile(config)
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
-    scope = runtime.register_toolbox_modules(cfg)
-    init_default_scope(scope)
-    model_cfg = copy.deepcopy(cfg.model)
-    _strip_pretrained(model_cfg)
-    model = revert_sync_batchnorm(MODELS.build(model_cfg))
-    kind = 'model'
-    try:
-        from mmdet.models.detectors import BaseDetector
-        if isinstance(model, BaseDetector):
-            kind = 'detector'
-    except ImportError:
-        pass
-    try:
-        from mmseg.models.segmentors import BaseSegmentor
-        if isinstance(model, BaseSegmentor):
-            kind = 'segmentor'
-    except ImportError:
-        pass
-    try:
-        from mmpretrain.models.classifiers import BaseClassifier
-        if isinstance(model, BaseClassifier):
-            kind = 'classifier'
-    except ImportError:
-        pass
-    return model.eval(), kind
+    init_default_scope(runtime.register_toolbox_modules(cfg))
+    model = revert_sync_batchnorm(MODELS.build(strip_pretrained(copy.deepcopy(cfg.model))))
+    return model.eval(), model_kind(model)
 
 
 def _detector_forward(model: nn.Module, shape: Tuple[int, int], stats: Dict):
@@ -217,61 +179,30 @@ def print_result(res: Dict, name: str):
             f'{k} x{v}' for k, v in sorted(res['unsupported'].items())))
 
 
-# Published numbers (paper Tables 1-4) and those measured from the official code with
-# mmengine + fvcore conventions (spec 3.3, 7.2, 8.1-8.3), for docs/complexity.md.
-# name: (key, published params M, published GFLOPs, official-code params, official GMACs)
-TABLE1 = [
-    ('PaCa-Tiny', 'pacavit_tiny_p2cconv_100_0', 12.2, 3.2, 12_200_680, 3.237),
-    ('PaCa-Small', 'pacavit_small_p2cconv_100_0', 22.0, 5.5, 22_037_704, 5.529),
-    ('PaCa-Small (mlp)', 'pacavit_small_p2cmlp_100_0', 22.6, 5.9, 22_637_268, 5.891),
-    ('PaCa-Small^ec', 'pacavit_convmixer_small_100', 21.1, 5.4, 21_075_064, 5.442),
-    ('PaCa-Base', 'pacavit_base_p2cconv_100_0', 46.9, 9.5, 46_911_304, 9.574),
-    ('PaCa-Base^ec', 'pacavit_convmixer_base_100', 46.7, 9.7, 47_659_192, 9.733),
-    ('Small, M=2,2,2,0', 'pacavit_small_p2cconv_2_0', 22.0, 4.7, 21_978_120, 4.666),
-    ('Small, M=49,49,49,0', 'pacavit_small_p2cconv_49_0', 22.0, 5.0, 22_006_696, 5.080),
-    ('Small, M=49,64,81,100', 'pacavit_small_p2cconv_49_100', 22.2, 5.3, 22_227_560, 5.301),
-    ('Small, M=100,81,64,49', 'pacavit_small_p2cconv_100_49', 22.2, 5.3, 22_210_696, 5.364),
-    ('Small, M=100x4', 'pacavit_small_p2cconv_100', 22.3, 5.6, 22_245_448, 5.596),
-    ('Small, M=100x4 block-wise', 'pacavit_small_p2cconv_100_blockwise', 24.1, 6.1,
-     24_191_944, 6.131),
-]
-# (name, model key, published params M, published GFLOPs, official-code params M)
-TABLE2 = [
-    ('PaCa-Tiny', 'pacavit_tiny_p2cconv_100_0', 32.0, 252, 31.97),
-    ('PaCa-Small', 'pacavit_small_p2cconv_100_0', 41.8, 296, 41.81),
-    ('PaCa-Small (mlp)', 'pacavit_small_p2cmlp_100_0', 42.4, 303, 42.41),
-    ('PaCa-Small^ec', 'pacavit_convmixer_small_100', 40.9, 292, 40.85),
-    ('PaCa-Base', 'pacavit_base_p2cconv_100_0', 66.6, 373, 66.61),
-    ('PaCa-Base^ec', 'pacavit_convmixer_base_100', 61.4, 372, 67.35),
-    ('Small, M=2,2,2,0', 'pacavit_small_p2cconv_2_0', 41.6, 283, 41.75),
-    ('Small, M=49,49,49,0', 'pacavit_small_p2cconv_49_0', 41.8, 289, 41.78),
-    ('Small, M=49,64,81,100', 'pacavit_small_p2cconv_49_100', 42.0, 289, 42.00),
-    ('Small, M=100,81,64,49', 'pacavit_small_p2cconv_100_49', 42.0, 291, 41.98),
-    ('Small, M=100x4', 'pacavit_small_p2cconv_100', 42.0, 294, 42.02),
-    ('Small, M=100x4 block-wise', 'pacavit_small_p2cconv_100_blockwise', 44.0, 304, 43.97),
-]
-# Official-code backbone GMACs at 800x1280 (spec 7.2).
-DET_BACKBONE_OFFICIAL = {'pacavit_tiny_p2cconv_100_0': 65.6, 'pacavit_small_p2cconv_100_0': 110.5,
-                         'pacavit_base_p2cconv_100_0': 187.4}
-# (name, config glob stem, published params M, published GFLOPs, official-code params M,
-#  official-code GMACs or None)
-TABLE3 = [
-    ('Tiny + PaCa head', 'paca_head/pacahead_pacavit_tiny_p2cconv_100_0', 13.3, 34.4, 13.33,
-     34.34),
-    ('Small + PaCa head', 'paca_head/pacahead_pacavit_small_p2cconv_100_0', 23.2, 47.2, 23.16,
-     47.22),
-    ('Small (mlp) + PaCa head', 'paca_head/pacahead_pacavit_small_p2cmlp_100_0', 24.0, 50.0,
-     23.95, 49.92),
-    ('Small^ec + PaCa head', 'paca_head/pacahead_pacavit_convmixer_small_100', 22.2, 46.4, 22.24,
-     46.36),
-    ('Base + PaCa head', 'paca_head/pacahead_pacavit_base_p2cconv_100_0', 48.0, 68.5, 47.96,
-     68.50),
-    ('Base^ec + PaCa head', 'paca_head/pacahead_pacavit_convmixer_base_100', 48.8, 68.7, 48.76,
-     68.75),
-    ('Tiny + UperNet', 'upernet/upernet_pacavit_tiny_p2cconv_100_0', 41.6, 229.9, 41.56, None),
-    ('Small + UperNet', 'upernet/upernet_pacavit_small_p2cconv_100_0', 51.4, 242.7, 51.40, None),
-    ('Base + UperNet', 'upernet/upernet_pacavit_base_p2cconv_100_0', 77.2, 264.1, 77.18, None),
-]
+def zoo_root() -> str:
+    """The folder with model-index.yml and configs/: the one above this script (a checkout,
+    or paca_mm/.mim of an installed package), else the installed package's paca_mm/.mim."""
+    for root in (osp.dirname(osp.dirname(osp.abspath(__file__))),
+                 osp.join(osp.dirname(osp.abspath(paca_mm.__file__)), '.mim')):
+        if osp.isfile(osp.join(root, 'model-index.yml')):
+            return root
+    raise FileNotFoundError('model-index.yml not found beside tools/ nor in paca_mm/.mim: run '
+                            'from a checkout or from a pip-installed paca_mm')
+
+
+def paper_models(task: str) -> List[Dict]:
+    """The model-index entries whose results are for ``task`` and whose metadata hold the
+    paper's numbers (``Paper FLOPs (G)``, see the metafiles), in model-index order."""
+    import yaml
+    root = zoo_root()
+    with open(osp.join(root, 'model-index.yml')) as f:
+        metafiles = yaml.safe_load(f)['Import']
+    models = []
+    for path in metafiles:
+        with open(osp.join(root, path)) as f:
+            models += yaml.safe_load(f)['Models']
+    return [m for m in models if 'Paper FLOPs (G)' in m['Metadata']
+            and any(r['Task'] == task for r in m.get('Results', []))]
 
 
 def _pct(ours: float, ref: float) -> str:
@@ -279,8 +210,9 @@ def _pct(ours: float, ref: float) -> str:
 
 
 def markdown(sections: Sequence[str] = ('cls', 'det', 'seg'), log=print) -> str:
-    """The tables of docs/complexity.md, every 'ours' number measured here and now."""
-    import glob
+    """The tables of docs/complexity.md: every model of the metafiles that holds the paper's
+    numbers, measured here and now and compared with them."""
+    root = zoo_root()
     lines: List[str] = []
     if 'cls' in sections:
         lines += ['## Table 1: ImageNet classifiers at 224x224',
@@ -290,11 +222,15 @@ def markdown(sections: Sequence[str] = ('cls', 'det', 'seg'), log=print) -> str:
                   '| model | params (ours) | params (paper / official code) | GFLOPs (ours) |'
                   ' GFLOPs (paper / official code) | diff vs official code |',
                   '|---|---|---|---|---|---|']
-        for name, key, p_pub, f_pub, p_off, f_off in TABLE1:
+        for m in paper_models('Image Classification'):
+            md, name = m['Metadata'], m['Metadata']['Paper Model']
+            key = Config.fromfile(osp.join(root, m['Config'])).model.backbone.arch
+            p_off, f_off = md['Official Code Parameters'], md['Official Code FLOPs (G)']
             res = measure(backbone=key, shape=(224, 224))
             log(f'  {name}: {res["params"]:,} params, {res["flops"] / 1e9:.3f} G')
-            lines.append(f'| {name} (`{key}`) | {res["params"]:,} | {p_pub} M / {p_off:,} | '
-                         f'{res["flops"] / 1e9:.3f} | {f_pub} / {f_off:.3f} | '
+            lines.append(f'| {name} (`{key}`) | {res["params"]:,} | '
+                         f'{md["Paper Parameters (M)"]} M / {p_off:,} | '
+                         f'{res["flops"] / 1e9:.3f} | {md["Paper FLOPs (G)"]} / {f_off:.3f} | '
                          f'params {_pct(res["params"], p_off)}, '
                          f'FLOPs {_pct(res["flops"] / 1e9, f_off)} |')
         lines.append('')
@@ -308,49 +244,44 @@ def markdown(sections: Sequence[str] = ('cls', 'det', 'seg'), log=print) -> str:
                   '| model | params (ours) | params (paper / official code) | GFLOPs (ours:'
                   ' total / backbone) | GFLOPs (paper) | diff vs paper | RoIs |',
                   '|---|---|---|---|---|---|---|']
-        for name, key, p_pub, f_pub, p_off in TABLE2:
-            cfg = osp.join(REPO_ROOT, 'configs', 'mask_rcnn',
-                           f'mask_rcnn_{key}_mstrain_480_800_1x_coco.py')
-            res = measure(config=cfg, shape=(800, 1280))
+        for m in paper_models('Object Detection'):
+            md, name = m['Metadata'], m['Metadata']['Paper Model']
+            p_off, f_pub = md['Official Code Parameters (M)'], md['Paper FLOPs (G)']
+            res = measure(config=osp.join(root, m['Config']), shape=(800, 1280))
             bb = res['by_module'].get('backbone', 0) / 1e9
-            off_bb = DET_BACKBONE_OFFICIAL.get(key)
+            off_bb = md.get('Official Code Backbone FLOPs (G)')
             bb_txt = f'{bb:.1f}' + (f' (official code {off_bb})' if off_bb else '')
             log(f'  {name}: {res["params"]:,} params, {res["flops"] / 1e9:.1f} G '
                 f'(backbone {bb:.1f} G), {res.get("num_rois")} RoIs')
-            lines.append(f'| {name} | {res["params"] / 1e6:.2f} M | {p_pub} M / {p_off} M | '
+            lines.append(f'| {name} | {res["params"] / 1e6:.2f} M | '
+                         f'{md["Paper Parameters (M)"]} M / {p_off} M | '
                          f'{res["flops"] / 1e9:.1f} / {bb_txt} | {f_pub} | '
                          f'params {_pct(res["params"] / 1e6, p_off)} (vs code), '
                          f'FLOPs {_pct(res["flops"] / 1e9, f_pub)} | {res.get("num_rois")} |')
         lines.append('')
     if 'seg' in sections:
-        rows = []
-        for name, stem, p_pub, f_pub, p_off, f_off in TABLE3:
-            found = sorted(glob.glob(osp.join(REPO_ROOT, 'configs', stem + '*.py')))
-            if found:
-                rows.append((name, found[0], p_pub, f_pub, p_off, f_off))
-        lines += ['## Table 3: semantic segmentation at 512x512', '']
-        if not rows:
-            lines += ['(no segmentation configs found under configs/paca_head, '
-                      'configs/upernet)', '']
-        else:
-            lines += ['`tools/get_flops.py CONFIG` (decode head only in the FLOPs; an '
-                      'auxiliary head is included in the parameters).',
-                      '',
-                      '| model | params (ours) | params (paper / official code) | '
-                      'GFLOPs (ours) | GFLOPs (paper / official code) | diff |',
-                      '|---|---|---|---|---|---|']
-            for name, cfg, p_pub, f_pub, p_off, f_off in rows:
-                res = measure(config=cfg, shape=(512, 512))
-                g = res['flops'] / 1e9
-                ref = f_off if f_off is not None else f_pub
-                log(f'  {name}: {res["params"]:,} params, {g:.2f} G')
-                lines.append(
-                    f'| {name} (`{osp.relpath(cfg, REPO_ROOT)}`) | {res["params"] / 1e6:.2f} M'
-                    f' | {p_pub} M / {p_off} M | {g:.2f} | {f_pub} / '
-                    f'{"-" if f_off is None else f_off} | params '
-                    f'{_pct(res["params"] / 1e6, p_off)}, FLOPs {_pct(g, ref)} '
-                    f'(vs {"official code" if f_off is not None else "paper"}) |')
-            lines.append('')
+        lines += ['## Table 3: semantic segmentation at 512x512', '',
+                  '`tools/get_flops.py CONFIG` (decode head only in the FLOPs; an '
+                  'auxiliary head is included in the parameters).',
+                  '',
+                  '| model | params (ours) | params (paper / official code) | '
+                  'GFLOPs (ours) | GFLOPs (paper / official code) | diff |',
+                  '|---|---|---|---|---|---|']
+        for m in paper_models('Semantic Segmentation'):
+            md, name = m['Metadata'], m['Metadata']['Paper Model']
+            p_off, f_pub = md['Official Code Parameters (M)'], md['Paper FLOPs (G)']
+            f_off = md.get('Official Code FLOPs (G)')
+            res = measure(config=osp.join(root, m['Config']), shape=(512, 512))
+            g = res['flops'] / 1e9
+            ref = f_off if f_off is not None else f_pub
+            log(f'  {name}: {res["params"]:,} params, {g:.2f} G')
+            lines.append(
+                f'| {name} (`{m["Config"]}`) | {res["params"] / 1e6:.2f} M'
+                f' | {md["Paper Parameters (M)"]} M / {p_off} M | {g:.2f} | {f_pub} / '
+                f'{"-" if f_off is None else f_off} | params '
+                f'{_pct(res["params"] / 1e6, p_off)}, FLOPs {_pct(g, ref)} '
+                f'(vs {"official code" if f_off is not None else "paper"}) |')
+        lines.append('')
     return '\n'.join(lines)
 
 
@@ -373,7 +304,6 @@ def parse_args(argv=None):
     p.add_argument('--sections', nargs='+', default=['cls', 'det', 'seg'],
                    choices=['cls', 'det', 'seg'], help='--markdown: which tables')
     p.add_argument('--out', help='--markdown: write the tables to this file (else stdout)')
-    p.add_argument('--show-unsupported', action='store_true')
     return p.parse_args(argv)
 
 

@@ -1,7 +1,7 @@
 """Run a PaCa-ViT model on one image and save the painted prediction.
 
     python tools/image_demo.py CONFIG CHECKPOINT IMAGE --out FILE [--device cpu]
-        [--score-thr 0.3] [--topk 5] [--no-fuse] [--trust-checkpoint] [--cfg-options k=v ...]
+        [--score-thr 0.3] [--topk 5] [--trust-checkpoint] [--cfg-options k=v ...]
 
 The task follows the config's ``default_scope``: mmdet (boxes + masks, DetLocalVisualizer),
 mmseg (colourised segmentation, SegLocalVisualizer) or mmpretrain (top-k classes,
@@ -32,9 +32,6 @@ def parse_args(argv=None):
     p.add_argument('--device', default='cpu', help="e.g. 'cpu' or 'cuda:0'")
     p.add_argument('--score-thr', type=float, default=0.3, help='detection score threshold')
     p.add_argument('--topk', type=int, default=5, help='classes printed (classification)')
-    p.add_argument('--no-fuse', action='store_true',
-                   help='on the CPU, run without the CPU inference pass '
-                   '(paca_mm.fuse_for_cpu_inference, applied by default)')
     p.add_argument('--cfg-options', nargs='+', action=DictAction,
                    help='override config settings, key=value pairs')
     p.add_argument('--trust-checkpoint', action='store_true',
@@ -50,8 +47,7 @@ def main(argv=None):
     ckpt = None if args.checkpoint.lower() == 'none' else args.checkpoint
     out = run_image_demo(args.config, ckpt, args.image, args.out, device=args.device,
                          score_thr=args.score_thr, topk=args.topk,
-                         cfg_options=args.cfg_options, trust=args.trust_checkpoint,
-                         fuse=not args.no_fuse)
+                         cfg_options=args.cfg_options, trust=args.trust_checkpoint)
     if out['task'] == 'cls':
         print('top classes: ' + ', '.join(f'{c}: {p:.4f}' for c, p in out['top']))
     elif out['task'] == 'det':

@@ -1,7 +1,7 @@
 """Test (and evaluate) a checkpoint with any paca_mm config (mmseg, mmdet or mmpretrain).
 
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out OUT] [--show]
-        [--show-dir DIR] [--tta] [--no-fuse] [--trust-checkpoint] [--cfg-options k=v ...] [--launcher ...]
+        [--show-dir DIR] [--tta] [--trust-checkpoint] [--cfg-options k=v ...] [--launcher ...]
 
 Semantics follow the toolbox named by the config's default_scope: ``--out`` is a directory
 of prediction maps for mmseg and a ``.pkl`` of predictions for mmdet and mmpretrain;
@@ -9,8 +9,7 @@ of prediction maps for mmseg and a ``.pkl`` of predictions for mmdet and mmpretr
 ``tta_pipeline`` (mmdet/mmpretrain fall back to a flip TTA). CHECKPOINT is loaded
 weights-only plus what mmengine Runner checkpoints contain (see ``paca_mm/checkpoint.py``);
 a file that pickles other objects is refused unless you trust it: ``--trust-checkpoint``
-or ``PACA_MM_TRUST_CHECKPOINTS=1``. On the CPU the model is tested after the CPU
-inference pass (``paca_mm.fuse_for_cpu_inference``, logged); ``--no-fuse`` turns it off.
+or ``PACA_MM_TRUST_CHECKPOINTS=1``.
 Multi-process: tools/dist_test.sh, tools/slurm_test.sh.
 """
 import argparse
@@ -51,9 +50,6 @@ def parse_args(argv=None):
     parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
                         default='none', help='job launcher')
     parser.add_argument('--tta', action='store_true', help='test time augmentation')
-    parser.add_argument('--no-fuse', action='store_true',
-                        help='on the CPU, test the model without the CPU inference pass '
-                        '(paca_mm.fuse_for_cpu_inference, applied by default)')
     parser.add_argument(
         '--trust-checkpoint', action='store_true',
         help='unpickle the checkpoints this run loads in full (they may run code): only for '
@@ -79,7 +75,7 @@ def main(argv=None):
     scope = runtime.get_scope(cfg)
     runtime.apply_test_args(cfg, scope, args.checkpoint, out=args.out, show=args.show,
                             show_dir=args.show_dir, wait_time=args.wait_time, tta=args.tta,
-                            interval=args.interval, fuse=not args.no_fuse)
+                            interval=args.interval)
     runner = runtime.build_runner(cfg)
     return runtime.run_with_checkpoint_hint(runner.test)
 

@@ -2,7 +2,7 @@
 
     python tools/visualize_clusters.py CONFIG CHECKPOINT IMAGE [--stage 3] [--out DIR]
         [--groups] [--topk 5] [--label L] [--device cpu] [--size H W] [--no-per-cluster]
-        [--no-fuse] [--trust-checkpoint] [--cfg-options k=v ...]
+        [--trust-checkpoint] [--cfg-options k=v ...]
 
 CONFIG may be a classification, detection or segmentation config (the toolbox is its
 ``default_scope``); the explainer uses ``model.backbone`` (a PaCaViT) with
@@ -55,9 +55,6 @@ def parse_args(argv=None):
     p.add_argument('--batch-size', type=int, default=16, help='masked images per forward')
     p.add_argument('--no-per-cluster', action='store_true',
                    help='do not write one overlay file per cluster')
-    p.add_argument('--no-fuse', action='store_true',
-                   help='on the CPU, run without the CPU inference pass '
-                   '(paca_mm.fuse_for_cpu_inference, applied by default)')
     p.add_argument('--cfg-options', nargs='+', action=DictAction,
                    help='override config settings, key=value pairs')
     p.add_argument('--trust-checkpoint', action='store_true',
@@ -72,13 +69,11 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    from paca_mm.cpu_inference import apply_cpu_inference_pass
     from paca_mm.visualization import explain_image, is_classifier
     from paca_mm.visualization.inference import build_model, load_image
     ckpt = None if args.checkpoint.lower() == 'none' else args.checkpoint
     model = build_model(args.config, ckpt, args.device, args.cfg_options,
                         trust=args.trust_checkpoint)
-    apply_cpu_inference_pass(model, not args.no_fuse)
     if args.groups and not is_classifier(model):
         raise SystemExit(f'--groups needs a classification config; {args.config} builds a '
                          f'{type(model).__name__} (the heatmaps work without --groups)')

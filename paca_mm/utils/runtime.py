@@ -684,13 +684,8 @@ def apply_tta(cfg: Config, scope: str) -> None:
 
 def apply_test_args(cfg: Config, scope: str, checkpoint: str, out: Optional[str] = None,
                     show: bool = False, show_dir: Optional[str] = None, wait_time: float = 2.,
-                    tta: bool = False, interval: Optional[int] = None,
-                    fuse: bool = True) -> None:
+                    tta: bool = False, interval: Optional[int] = None) -> None:
     """The ``tools/test.py`` options with each toolbox's semantics:
-
-    * ``fuse`` (``--no-fuse`` turns it off): a ``PaCaCPUInferenceHook`` applies
-      :func:`paca_mm.fuse_for_cpu_inference` before the test loop when the model runs on
-      the CPU (one in the config's ``custom_hooks`` is switched rather than added twice).
 
     * ``--out``: mmseg -> directory of prediction maps for offline evaluation
       (``test_evaluator.output_dir``, ``keep_results``); mmdet -> ``.pkl`` of the
@@ -699,9 +694,6 @@ def apply_test_args(cfg: Config, scope: str, checkpoint: str, out: Optional[str]
       :func:`trigger_visualization`). ``--tta``: see :func:`apply_tta`.
     """
     cfg.load_from = checkpoint
-    hooks = [h for h in _as_list(cfg.get('custom_hooks'))
-             if str(h.get('type', '')).split('.')[-1] != 'PaCaCPUInferenceHook']
-    cfg.custom_hooks = hooks + [dict(type='PaCaCPUInferenceHook', enabled=fuse)]
     if show or show_dir:
         trigger_visualization(cfg, scope, show, show_dir, wait_time, interval)
     if tta:

@@ -16,7 +16,6 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..cpu_inference import apply_cpu_inference_pass
 from .inference import build_model, config_scope, load_image
 
 _COUNTER = itertools.count()
@@ -41,19 +40,15 @@ def _palette(n: int, seed: int = 0):
 
 def run_image_demo(config, checkpoint: Optional[str], image: str, out_file: str,
                    device: str = 'cpu', score_thr: float = 0.3, topk: int = 5,
-                   cfg_options: Optional[dict] = None, trust: bool = False,
-                   fuse: bool = True) -> dict:
+                   cfg_options: Optional[dict] = None, trust: bool = False) -> dict:
     """Predict on ``image`` and write the painted result to ``out_file`` (PNG/JPG).
 
     Returns dict(task='det'|'seg'|'cls', out_file=..., result=<DataSample or probs>), plus
     ``top`` (list of (class, prob)) for classification and ``num_instances`` (above
     ``score_thr``) for detection. ``trust``: unpickle a trusted checkpoint in full (see
-    :func:`paca_mm.checkpoint.load_checkpoint_file`). ``fuse``: on the CPU, apply
-    :func:`paca_mm.fuse_for_cpu_inference` first (logged; see
-    :func:`paca_mm.cpu_inference.apply_cpu_inference_pass`).
+    :func:`paca_mm.checkpoint.load_checkpoint_file`).
     """
     model = build_model(config, checkpoint, device, cfg_options, trust=trust)
-    apply_cpu_inference_pass(model, fuse)
     scope = config_scope(model.cfg)
     os.makedirs(osp.dirname(osp.abspath(out_file)), exist_ok=True)
     meta = dict(model.dataset_meta or {})

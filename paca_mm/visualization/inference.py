@@ -33,7 +33,7 @@ def config_scope(cfg: Config) -> str:
     return scope
 
 
-def _strip_pretrained(model_cfg):
+def strip_pretrained(model_cfg):
     """Drop backbone/model pretrained loading: the full checkpoint is loaded afterwards."""
     if isinstance(model_cfg.get('backbone'), dict):
         model_cfg['backbone']['init_cfg'] = None
@@ -124,7 +124,7 @@ def build_model(config: Union[str, Config], checkpoint: Optional[str] = None,
     cfg = load_config(config, cfg_options)
     scope = config_scope(cfg)
     init_default_scope(scope)
-    model_cfg = _strip_pretrained(copy.deepcopy(cfg.model))
+    model_cfg = strip_pretrained(copy.deepcopy(cfg.model))
     if 'data_preprocessor' not in model_cfg and cfg.get('data_preprocessor'):
         model_cfg['data_preprocessor'] = cfg.data_preprocessor  # merged by the Runner too
     if scope == 'mmseg':

@@ -9,13 +9,12 @@ so machine noise hits all alike):
   first run after another model or engine pays for fresh allocations, PaCa-Small 151
   instead of 115 ms at 224², differently for each model; with several engines at large
   sizes also use ``--malloc-keep``, docs/benchmarks.md):
-  ``eager`` (the model as built), ``fused`` (after ``paca_mm.fuse_for_cpu_inference``;
-  models without PaCa modules run as built), ``compile`` (``torch.compile``, inductor with
+  ``eager`` (the model as built), ``compile`` (``torch.compile``, inductor with
   freezing) and ``onnxruntime`` (exported with ``torch.onnx`` at that size, run by ONNX
   Runtime on the CPU); each model's best engine;
 * training: forward+backward latency of ``sum(mean(out_i))`` in train mode (eager) and the
   peak memory of one training step;
-* peak inference-forward memory (``fused`` if listed, else ``eager``); parameters; MACs.
+* peak inference-forward memory (eager); parameters; MACs.
 
 Memory is measured in a fresh subprocess per model and size: the growth of the peak RSS on
 the CPU, ``max_memory_allocated`` on CUDA. Every figure is also given as a ratio to PVTv2-B2
@@ -25,13 +24,12 @@ Writes CSV + Markdown (+ a PNG plot) to ``--out``.
 
 Example::
 
-    python tools/benchmark.py --models paca_small pvt_v2_b2 swin_t --sizes 224 800x1280 \\
-        --engine eager fused compile onnxruntime
-    python tools/benchmark.py --sizes 512:2 800x1280:1 --engine eager   # batch 2 at 512²
+    python dev/benchmark.py --models paca_small pvt_v2_b2 swin_t --sizes 224 800x1280 \\
+        --engine eager compile onnxruntime
+    python dev/benchmark.py --sizes 512:2 800x1280:1 --engine eager   # batch 2 at 512²
 """
 import argparse
 import contextlib
-import copy
 import csv
 import json
 import os
@@ -60,7 +58,7 @@ MODELS = {
                    num_heads=[3, 6, 12, 24], window_size=7),
 }
 REFERENCE = 'pvt_v2_b2'
-ENGINES = ('eager', 'fused', 'compile', 'onnxruntime')
+ENGINES = ('eager', 'compile', 'onnxruntime')
 # glibc: serve allocations up to 32 MB (its maximum) from the heap and never return freed
 # heap memory to the OS, so re-allocated tensors reuse already-mapped pages.
 MALLOC_KEEP = {'MALLOC_MMAP_THRESHOLD_': str(32 << 20), 'MALLOC_TRIM_THRESHOLD_': str(1 << 40),
@@ -103,26 +101,6 @@ def build(name, device):
     return model
 
 
-def unchanged_by_pass(fused, model):
-    """Whether the CPU inference pass left ``model`` as built: the same object (no PaCa
-    module, or not on the CPU), or a copy with the same module classes everywhere (no
-    inference piece swapped in), which computes the same forward."""
-    return fused is model or [type(m) for m in fused.modules()] == \
-        [type(m) for m in model.modules()]
-
-
-def for_inference(model, device, fuse, copy_model=True):
-    """The model the ``fused`` figures use: on the CPU, with ``fuse``, a PaCa model after
-    the CPU inference pass (``paca_mm.fuse_for_cpu_inference``, in place, so a copy when
-    the model is also trained for the fwd+bwd figures); else ``model``."""
-    from paca_mm import fuse_for_cpu_inference
-    from paca_mm.models.backbones import PaCaViT
-    if not fuse or torch.device(device).type != 'cpu' or \
-            not any(isinstance(m, PaCaViT) for m in model.modules()):
-        return model
-    return fuse_for_cpu_inference(copy.deepcopy(model) if copy_model else model)
-
-
 class OnnxRuntimeModel:
     """``model`` exported with ``torch.onnx`` for one input shape, run by ONNX Runtime on
     the CPU with ``threads`` intra-op threads (all graph optimisations on)."""
@@ -146,12 +124,10 @@ class OnnxRuntimeModel:
         return self.session.run(None, {'x': x.numpy()})
 
 
-def engine_model(engine, model, fused, shape, args, folder):
+def engine_model(engine, model, shape, args, folder):
     """A callable running ``model`` in ``engine`` (for ``onnxruntime``: at ``shape`` only)."""
     if engine == 'eager':
         return model
-    if engine == 'fused':
-        return fused
     if engine == 'compile':
         # static shapes (one graph per size), weights frozen into the graph as in deployment
         return torch.compile(model, dynamic=False, options={'freezing': True})
@@ -244,13 +220,11 @@ def _peak_rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def memory_worker(name, size, mode, device, amp, fuse):
+def memory_worker(name, size, mode, device, amp):
     """Run in a fresh process: peak memory growth in MB of one inference forward
     (``mode='inference'``) or one training forward+backward (``mode='train'``)."""
     torch.set_num_threads(int(os.environ.get('BENCH_THREADS', '2')))
     model = build(name, device)
-    if mode == 'inference':
-        model = for_inference(model, device, fuse, copy_model=False)
     h, w, b = parse_size(size)
     x = torch.randn(b, 3, h, w, device=device)
 
@@ -275,8 +249,7 @@ def memory_worker(name, size, mode, device, amp, fuse):
 
 def measure_memory(name, size, mode, args):
     cmd = [sys.executable, osp.abspath(__file__), '--memory-worker', name, size, mode,
-           '--device', args.device] + (['--amp'] if args.amp else []) + \
-        (['--engine', 'fused'] if 'fused' in args.engine else ['--engine', 'eager'])
+           '--device', args.device] + (['--amp'] if args.amp else [])
     env = dict(os.environ, BENCH_THREADS=str(args.threads))
     res = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if res.returncode:
@@ -289,14 +262,6 @@ def run(args):
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     models = {n: build(n, args.device) for n in args.models}
-    fused = {n: for_inference(m, args.device, 'fused' in args.engine) for n, m in models.items()}
-    unchanged = {n: unchanged_by_pass(fused[n], models[n]) for n in models}
-    if 'fused' in args.engine:
-        names = [n for n in models if not unchanged[n]]
-        print(f'fused: the CPU inference pass changed {", ".join(names) or "no model"}; the '
-              'others run as built, so their fused figure is their eager one', flush=True)
-    elif args.no_fuse:
-        print('forward figures without the CPU inference pass (--no-fuse)', flush=True)
     compiled = {}
     rows = []
     folder = tempfile.mkdtemp(prefix='paca_bench_onnx_')
@@ -308,22 +273,15 @@ def run(args):
             for e in args.engine:
                 if e == 'compile':  # one compiled module per model, a graph per size
                     if n not in compiled:
-                        compiled[n] = engine_model(e, m, fused[n], x.shape, args, folder)
+                        compiled[n] = engine_model(e, m, x.shape, args, folder)
                     runners[n, e] = compiled[n]
                 else:
                     t = time.perf_counter()
-                    runners[n, e] = engine_model(e, m, fused[n], x.shape, args, folder)
+                    runners[n, e] = engine_model(e, m, x.shape, args, folder)
                     if e == 'onnxruntime':
                         print(f'{n:>11} {size:>9}: exported to ONNX in '
                               f'{time.perf_counter() - t:.1f} s', flush=True)
-        # a model the CPU inference pass leaves as built runs as one in eager and fused:
-        # warmed up and timed once, its figure given for both (timing a copy twice gives
-        # two figures for one forward, which differ by the order they ran in)
-        same = {(n, 'fused'): (n, 'eager') for n in models
-                if unchanged[n] and (n, 'eager') in runners and (n, 'fused') in runners}
         for (n, e), fn in runners.items():  # warm-up (compiles)
-            if (n, e) in same:
-                continue
             t = time.perf_counter()
             for _ in range(max(1, args.warmup) if e == 'compile' else args.warmup):
                 time_forward(fn, x, args.device, args.amp)
@@ -335,8 +293,6 @@ def run(args):
         steal = {n: [] for n in models}
         for _ in range(args.repeats):  # interleaved
             for (n, e), fn in runners.items():
-                if (n, e) in same:
-                    continue
                 for _ in range(args.settle):  # this engine's steady state (see --settle)
                     time_forward(fn, x, args.device, args.amp)
                 t, f, s = time_forward(fn, x, args.device, args.amp, args.threads)
@@ -344,8 +300,6 @@ def run(args):
                 faults[n, e].append(f)
                 if s is not None:
                     steal[n].append(s)
-        for key, twin in same.items():
-            fwd[key], faults[key] = fwd[twin], faults[twin]
         fb = {n: [] for n in models}
         if not args.skip_backward:
             for n, m in models.items():
@@ -450,12 +404,8 @@ def to_markdown(rows, args):
         f'CPU, {args.threads} threads'
     malloc = 'freed memory kept in the heap (--malloc-keep)' if args.malloc_keep else \
         'default glibc malloc'
-    fuse = ('fused: forwards after the CPU inference pass (a model it leaves as built, '
-            'as it does the peers, is timed once: its fused figure is its eager one)'
-            if 'fused' in engines else 'CPU inference pass off' +
-            (' (--no-fuse)' if args.no_fuse else ''))
     md = (f'Device: {dev}; torch {torch.__version__}; amp={args.amp}; {malloc}; engines: '
-          f'{", ".join(engines)}; {fuse}; ratios to {REFERENCE} (same engine) in parentheses; '
+          f'{", ".join(engines)}; ratios to {REFERENCE} (same engine) in parentheses; '
           f'median of {args.repeats} interleaved runs (fwd+bwd: {max(1, args.repeats // 2)}), '
           f'each after {args.settle} untimed run(s) of the same model and engine (--settle); '
           f'page faults: {engines[0]} forwards; '
@@ -508,8 +458,7 @@ def main(argv=None):
     p.add_argument('--sizes', nargs='+', default=DEFAULT_SIZES, type=size_arg,
                    help='H, HxW, optionally :B for batch B, e.g. 224 800x1280 512:2')
     p.add_argument('--engine', nargs='+', choices=ENGINES, default=None,
-                   help='inference engines to time (default: fused on the CPU, eager on '
-                   'CUDA; --no-fuse: eager)')
+                   help='inference engines to time (default: eager)')
     p.add_argument('--device', default='cpu')
     p.add_argument('--amp', action='store_true', help='fp16 on CUDA, bf16 on CPU')
     p.add_argument('--threads', type=int, default=2)
@@ -521,9 +470,6 @@ def main(argv=None):
                    'steady state, not the switch from the model or engine before it (fresh '
                    'allocations: page faults; cold caches), which cost one model more than '
                    'another (0: time the first run)')
-    p.add_argument('--no-fuse', action='store_true',
-                   help='time the PaCa models without the CPU inference pass '
-                   '(paca_mm.fuse_for_cpu_inference; the same as --engine eager)')
     p.add_argument('--skip-backward', action='store_true')
     p.add_argument('--skip-memory', action='store_true')
     p.add_argument('--flops', action='store_true', help='also count MACs')
@@ -544,18 +490,13 @@ def main(argv=None):
                 '(torch.cuda.is_available() is False); run on a GPU machine or use --device cpu')
     if device.type not in ('cpu', 'cuda'):
         p.error(f'--device {args.device}: only cpu and cuda are supported')
-    if args.engine is None:
-        args.engine = ['eager' if args.no_fuse or device.type == 'cuda' else 'fused']
-    args.engine = list(dict.fromkeys(args.engine))
+    args.engine = list(dict.fromkeys(args.engine or ['eager']))
     if args.repeats < 1 or args.settle < 0 or args.warmup < 0:
         p.error(f'--repeats must be >= 1 and --settle, --warmup >= 0 (got {args.repeats}, '
                 f'{args.settle}, {args.warmup})')
-    if args.no_fuse and 'fused' in args.engine:
-        p.error('--no-fuse and --engine fused contradict each other: drop one')
-    cpu_only = [e for e in ('fused', 'onnxruntime') if e in args.engine]
-    if device.type == 'cuda' and cpu_only:
-        p.error(f'--engine {" ".join(cpu_only)}: CPU-only engine(s) (the CPU inference pass; '
-                'ONNX Runtime on its CPU provider); with --device cuda use eager and compile')
+    if device.type == 'cuda' and 'onnxruntime' in args.engine:
+        p.error('--engine onnxruntime: a CPU-only engine (ONNX Runtime on its CPU provider); '
+                'with --device cuda use eager and compile')
     if 'onnxruntime' in args.engine and args.amp:
         p.error('--engine onnxruntime runs the float32 export: drop --amp or the engine')
     if 'onnxruntime' in args.engine:
@@ -577,7 +518,7 @@ def main(argv=None):
                   dict(os.environ, **MALLOC_KEEP))
     if args.memory_worker:
         name, size, mode = args.memory_worker
-        mem = memory_worker(name, size, mode, args.device, args.amp, 'fused' in args.engine)
+        mem = memory_worker(name, size, mode, args.device, args.amp)
         print(json.dumps({'mem_mb': mem}))
         return
     if REFERENCE not in args.models:

@@ -12,7 +12,7 @@
 # Idempotent: every step is skipped when already done, and a finished environment is marked
 # by $VENV/.paca_mm_env (content = hash of the stack, the CUDA choice and the requirement
 # files), so `make` never rebuilds it. mmcv 2.1.0 is built once from the PyPI sdist with its
-# ops (tools/build_mmcv.sh; C++20 for torch >= 2.10) and kept in a cache outside the repo,
+# ops (dev/build_mmcv.sh; C++20 for torch >= 2.10) and kept in a cache outside the repo,
 # keyed by the mmcv, torch, CUDA (cuXYZ or cpu) and Python versions ($PACA_MM_CACHE, default
 # ~/.cache/paca_mm).
 set -euo pipefail
@@ -39,7 +39,7 @@ PINS=requirements/stack_$STACK.txt
 VENV=${VENV:-$DEFAULT_VENV}
 [[ $VENV == /* ]] || VENV=$ROOT/$VENV
 STAMP=$VENV/.paca_mm_env
-WANT=$( (echo "$STACK $CUDA"; cat requirements/*.txt setup.py tools/setup_env.sh) \
+WANT=$( (echo "$STACK $CUDA"; cat requirements/*.txt setup.py dev/setup_env.sh) \
   | sha256sum | cut -c1-16)
 
 if [[ -f $STAMP && $(cat "$STAMP") == "$WANT" ]]; then
@@ -96,7 +96,7 @@ print('cpu' if v() == 'not available' else 'cuda')" 2>/dev/null || echo none)
 if [[ $HAVE_OPS != "$OPS" ]]; then
   if ! ls "$WHEELDIR"/mmcv-*.whl >/dev/null 2>&1; then
     log "building mmcv $MMCV_VERSION with $DEVICE_TAG ops for torch $TORCH_VERSION (CPU ops: about 25 min on 2 cores)"
-    MMCV_VERSION=$MMCV_VERSION bash tools/build_mmcv.sh "$VENV/bin/python" "$WHEELDIR" "$OPS"
+    MMCV_VERSION=$MMCV_VERSION bash dev/build_mmcv.sh "$VENV/bin/python" "$WHEELDIR" "$OPS"
   fi
   log "installing cached mmcv wheel from $WHEELDIR (installed mmcv ops: $HAVE_OPS)"
   "${PIP[@]}" install -q --no-deps --force-reinstall "$WHEELDIR"/mmcv-*.whl

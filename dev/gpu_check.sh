@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# The prepared GPU check: tools/benchmark.py (PaCa-T/S vs PVTv2-B2 and Swin-T, with and
+# The prepared GPU check: dev/benchmark.py (PaCa-T/S vs PVTv2-B2 and Swin-T, with and
 # without AMP: forward, forward+backward, peak forward memory at 512^2 and 800x1280) and a few
 # AMP training iterations of configs/demo/pacahead_tiny_synthetic_seg.py through
-# tools/train.py, summarised in one Markdown table (tools/gpu_check.py does the runs).
+# tools/train.py, summarised in one Markdown table (dev/gpu_check.py does the runs).
 #
-#   tools/gpu_check.sh [--device cuda|cpu] [--out DIR] [--wheels DIR]
+#   dev/gpu_check.sh [--device cuda|cpu] [--out DIR] [--wheels DIR]
 #       Run the check (default: --device cuda --out work_dirs/gpu_check). --device cpu is the
 #       dry run CI does (64^2 inputs, one repetition, one training iteration).
-#   tools/gpu_check.sh --probe
+#   dev/gpu_check.sh --probe
 #       Print what the machine has (Python, torch, CUDA, nvcc, `pip list`, the imports the
 #       check needs): seconds, to decide what to carry.
-#   tools/gpu_check.sh --prepare-wheels DIR [--have PIP_FREEZE_FILE]
+#   dev/gpu_check.sh --prepare-wheels DIR [--have PIP_FREEZE_FILE]
 #       Fill DIR with what an offline Python 3.12 x86_64 machine needs (the mmcv sdist, wheels
 #       of mmengine, mmdet, mmseg and their dependencies, without those listed in the
 #       `pip list --format=freeze` output PIP_FREEZE_FILE) and fail if it exceeds 64 MiB.
@@ -19,7 +19,7 @@
 # mmengine, mmdet or mmseg are not importable, the check makes a virtual environment under
 # --out that sees the system packages, installs the carried wheels into it (--no-index
 # --no-deps) and, if no mmcv wheel is carried, builds mmcv 2.1.0 from the carried sdist with
-# CPU ops (tools/build_mmcv.sh; the benchmark and the demo training use no mmcv CUDA op).
+# CPU ops (dev/build_mmcv.sh; the benchmark and the demo training use no mmcv CUDA op).
 # The built wheel is left in --out/wheels for the next run to carry. PYTHON picks the
 # interpreter (default python3).
 set -euo pipefail
@@ -109,10 +109,10 @@ if ! "$PY" -c "$IMPORTS" >/dev/null 2>&1; then
     SDIST=$(ls "$WHEELS"/mmcv-*.tar.gz 2>/dev/null | head -n 1)
     [[ -n $SDIST ]] || die "no mmcv wheel or sdist in $WHEELS"
     start=$SECONDS
-    bash tools/build_mmcv.sh "$PY" "$OUT/wheels" cpu "$SDIST"
+    bash dev/build_mmcv.sh "$PY" "$OUT/wheels" cpu "$SDIST"
     log "mmcv built in $((SECONDS - start)) s"
     "$PY" -m pip --disable-pip-version-check install -q --no-index --no-deps "$OUT"/wheels/mmcv-*.whl
   fi
   "$PY" -c "$IMPORTS" || die "'$IMPORTS' still fails after installing the carried wheels"
 fi
-PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH} exec "$PY" tools/gpu_check.py --device "$DEVICE" --out "$OUT"
+PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH} exec "$PY" dev/gpu_check.py --device "$DEVICE" --out "$OUT"

@@ -1,6 +1,6 @@
 """Mutation testing: plant one small bug at a time and check that the test suite notices.
 
-    python tools/mutation_test.py [FILES...] [--tests T ...] [--limit N] [--seed S]
+    python dev/mutation_test.py [FILES...] [--tests T ...] [--limit N] [--seed S]
                                   [--only PATH:LINE[:COL] ...] [--jobs J] [--list]
                                   [--report FILE]
 

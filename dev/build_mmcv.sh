@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Build an mmcv wheel with its compiled ops from the sdist, against the torch of PYTHON.
 #
-#   tools/build_mmcv.sh PYTHON OUT_DIR cpu|cuda [SDIST]
+#   dev/build_mmcv.sh PYTHON OUT_DIR cpu|cuda [SDIST]
 #
 # Without SDIST, mmcv==$MMCV_VERSION (default 2.1.0) is downloaded from the package index.
 # cpu: CPU ops only; CUDA is hidden from torch during the build, since mmcv's setup.py builds
 # CUDA ops whenever torch sees a GPU. cuda: FORCE_CUDA=1 (needs nvcc; TORCH_CUDA_ARCH_LIST
 # selects the GPU architectures). torch >= 2.10 headers require C++20 while mmcv 2.1.0
 # hard-codes -std=c++17 (for g++ and nvcc): its setup.py is patched then. MAX_JOBS (default:
-# all cores) sets the parallel compile jobs. Used by tools/setup_env.sh and tools/gpu_check.sh.
+# all cores) sets the parallel compile jobs. Used by dev/setup_env.sh and dev/gpu_check.sh.
 set -euo pipefail
 [[ $# -ge 3 && ($3 == cpu || $3 == cuda) ]] || {
   echo "usage: $0 PYTHON OUT_DIR cpu|cuda [SDIST]" >&2; exit 2; }

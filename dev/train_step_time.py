@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Training step time through mmengine, eager against ``compile=True`` (issue 20.4).
+"""Training step time through mmengine, eager against ``compile=True``.
 
 For a config, trains a few iterations twice through ``tools/train.py``, each in a fresh
 process: as configured (eager) and with mmengine's ``compile`` option (the Runner compiles
@@ -12,8 +12,8 @@ The demo configs train on generated data, so they need no dataset download; gene
 first (``--data seg`` / ``--data det`` writes it into the work dir and points the config at
 it)::
 
-    python tools/train_step_time.py configs/demo/pacahead_tiny_synthetic_seg.py --data seg
-    python tools/train_step_time.py configs/demo/mask_rcnn_tiny_synthetic_coco.py --data det
+    python dev/train_step_time.py configs/demo/pacahead_tiny_synthetic_seg.py --data seg
+    python dev/train_step_time.py configs/demo/mask_rcnn_tiny_synthetic_coco.py --data det
 """
 import argparse
 import glob

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
-"""The GPU check's runs and report (started by tools/gpu_check.sh, which sets up the packages).
+"""The GPU check's runs and report (started by dev/gpu_check.sh, which sets up the packages).
 
-1. ``tools/benchmark.py`` twice, without and with ``--amp`` (fp16 autocast on CUDA, bf16 on
+1. ``dev/benchmark.py`` twice, without and with ``--amp`` (fp16 autocast on CUDA, bf16 on
    the CPU): PaCa-Tiny, PaCa-Small, PVTv2-B2 and Swin-T; forward, forward+backward and peak
    forward memory (``torch.cuda.max_memory_allocated`` on CUDA) at 512² and 800×1280.
 2. ``tools/train.py configs/demo/pacahead_tiny_synthetic_seg.py --amp`` for a few iterations
@@ -58,12 +58,13 @@ def run_step(name, cmd, log_path):
 
 
 def benchmark(device, plan, out, amp):
-    """tools/benchmark.py's rows (its CSV) for one precision, and the seconds it took."""
+    """dev/benchmark.py's rows (its CSV) for one precision, and the seconds it took."""
     tag = 'amp' if amp else 'fp32'
     bench_out = osp.join(out, f'benchmark_{tag}')
-    cmd = [sys.executable, 'tools/benchmark.py', '--device', device,
+    cmd = [sys.executable, 'dev/benchmark.py', '--device', device,
            '--models', *plan['models'], '--sizes', *plan['sizes'],
-           '--repeats', str(plan['repeats']), '--warmup', str(plan['warmup']), '--out', bench_out] + (['--amp'] if amp else [])
+           '--repeats', str(plan['repeats']), '--warmup', str(plan['warmup']),
+           '--out', bench_out] + (['--amp'] if amp else [])
     seconds = run_step(f'benchmark ({tag})', cmd, osp.join(out, f'benchmark_{tag}.log'))
     with open(osp.join(bench_out, 'benchmark.csv'), newline='') as f:
         return list(csv.DictReader(f)), seconds
@@ -125,7 +126,7 @@ def report(device, plan, fp32, amp, records, seconds):
         f'mmcv {mmcv.__version__}, mmengine {mmengine.__version__}, mmdet {mmdet.__version__}, '
         f'mmseg {mmseg.__version__}. Steps: benchmark fp32 {seconds["fp32"]:.0f} s, '
         f'AMP {seconds["amp"]:.0f} s, training {seconds["train"]:.0f} s.', '',
-        f'## Backbones (tools/benchmark.py, batch 1, median of {plan["repeats"]} runs after '
+        f'## Backbones (dev/benchmark.py, batch 1, median of {plan["repeats"]} runs after '
         f'{plan["warmup"]} warm-up; AMP = {amp_kind} autocast; memory: peak of one inference '
         'forward and of one training step)',
         '',
