@@ -72,7 +72,7 @@ def test_paca_tiny_matches_paper(get_flops):
 def test_backbone_only_and_cli(get_flops, capsys):
     res = get_flops.main(['--backbone', 'tiny', '--num-classes', '0', '--shape', '64', '96'])
     out = capsys.readouterr().out
-    assert res['params'] == 11_815_680  # backbone without head (spec 3.4)
+    assert res['params'] == 11_815_680  # backbone without head (official code)
     assert res['shape'] == (64, 96) and 'FLOPs (MACs)' in out
     with pytest.raises(ValueError, match='exactly one'):
         get_flops.measure(config=None, backbone=None)
@@ -89,7 +89,7 @@ def test_detector_config(get_flops):
                             cfg_options={'model.test_cfg.rpn.max_per_img': 10})
     assert res['kind'] == 'detector'
     assert tuple(res['input_shape']) == (128, 160)  # padded to 32
-    assert res['params'] == 11_815_680 + 20_159_216  # spec 8.2: backbone + Mask R-CNN parts
+    assert res['params'] == 11_815_680 + 20_159_216  # official code: backbone + Mask R-CNN parts
     assert res['num_rois'] == 10
     for part in ('backbone', 'neck', 'rpn_head', 'roi_head'):
         assert res['by_module'][part] > 0, part
