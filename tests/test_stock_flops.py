@@ -2,7 +2,7 @@
 the toolboxes' get_flops tools call) counts PaCa's attention products and ConvFFN exactly as
 :func:`paca_mm.flops.count` does: PaCa-Tiny at 224x224 is the paper's 3.2 GFLOPs (3.24 G
 MACs), not the 2.12 G mmengine reports without paca_mm's handles."""
-import glob
+import os
 import os.path as osp
 import re
 import subprocess
@@ -62,3 +62,22 @@ def test_install_warns_on_an_unexpected_mmengine(monkeypatch):
     monkeypatch.delattr(complexity_analysis, '_DEFAULT_SUPPORTED_FLOP_OPS')
     with pytest.warns(UserWarning, match='tools/get_flops.py'):
         assert install_flop_handles() is False
+
+
+@pytest.mark.slow
+def test_mmpretrain_get_flops_tool():
+    """mmpretrain's own ``tools/analysis_tools/get_flops.py`` on the model zoo config (its
+    ``custom_imports`` imports paca_mm): backbone + neck, the paper's 3.2 GFLOPs."""
+    import mmpretrain
+    tool = osp.join(osp.dirname(mmpretrain.__file__), '.mim', 'tools', 'analysis_tools',
+                    'get_flops.py')
+    if not osp.isfile(tool):
+        pytest.skip(f'mmpretrain installed without its tools ({tool})')
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [ROOT] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]))
+    proc = subprocess.run([sys.executable, tool, CONFIG], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    flops = re.search(r'^Flops: ([\d.]+)G$', proc.stdout, re.M)
+    assert flops, proc.stdout[-3000:]
+    assert abs(float(flops.group(1)) * 1e9 - TINY_224) / TINY_224 < 0.01
