@@ -34,8 +34,8 @@ class LayerNorm2d(nn.LayerNorm):
 
 
 class DWConvShortcut(nn.Module):
-    """The 3x3 depth-wise conv of :class:`ConvFFN`'s ``h + DWConv(h)`` (official key
-    ``mlp.dwconv.dwconv``)."""
+    """``h + DWConv3x3(h)`` of :class:`ConvFFN`, on a (B, rC, H, W) map (the official
+    ``DWConv`` with shortcut; key ``mlp.dwconv.dwconv``)."""
 
     def __init__(self, dim: int):
         super().__init__()
@@ -111,10 +111,11 @@ class ConvFFN(nn.Module):
         fc1 (C -> rC) -> h + DWConv3x3(h) -> GELU -> dropout -> fc2 (rC -> C) -> dropout
 
     (B, N, C) tokens on an H x W grid -> (B, N, C). :meth:`forward_plain` is this in
-    standard ops; it runs whenever no gradient is recorded (eval mode, ``no_grad``, tracing
-    for ONNX export or FLOP counting). A training forward that records gradients computes
-    everything after fc1 with :class:`DWConvGELULinear` instead: the same output and
-    gradients, two activations of the hidden width fewer saved for the backward.
+    standard ops; it runs in eval mode, without autograd (``no_grad``, nothing requiring a
+    gradient) and under jit tracing (ONNX export, FLOP counters). A training forward that
+    records gradients computes everything after fc1 with :class:`DWConvGELULinear` instead:
+    the same output and gradients, two activations of the hidden width fewer saved for the
+    backward.
     """
 
     def __init__(self, dim: int, mlp_ratio: float = 4, drop: float = 0.):
