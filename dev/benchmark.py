@@ -203,7 +203,7 @@ def time_forward_backward(model, x, device, amp):
 
 def count_flops(model, shape, device):
     """fvcore-style MACs of one forward (attention products included)."""
-    from paca_mm.utils.flops import count
+    from paca_mm.flops import count
     return count(model, (torch.randn(1, 3, *shape, device=device), ))['flops']
 
 

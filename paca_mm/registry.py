@@ -66,3 +66,5 @@ def register_all():
     # torch.load (the toolboxes' own tools/test.py, load_from, --resume, init_model ...)
     from .checkpoint import install_safe_checkpoint_loading
     install_safe_checkpoint_loading()
+    from .flops import install_flop_handles  # mmengine's FLOP counters: attention MACs
+    install_flop_handles()

@@ -59,28 +59,17 @@ def load_tool():
     return load
 
 
-def _plain_conv_ffn_forward(self, x, hw):
-    """ConvFFN through autograd's own ops, in the official ``Mlp``'s order: the reference
-    for :class:`~paca_mm.models.layers.common.DWConvGELULinear`."""
-    import torch.nn.functional as F
-
-    from paca_mm.models.layers.common import map_to_tokens, tokens_to_map
-    h = tokens_to_map(self.fc1(x), hw)
-    a = self.drop(F.gelu(h + self.dwconv.dwconv(h)))
-    return self.drop(self.fc2(map_to_tokens(a)))
-
-
 @pytest.fixture
 def plain_conv_ffn(monkeypatch):
-    """``with plain_conv_ffn(): ...`` runs every ConvFFN through autograd's own ops."""
-    import contextlib
-
+    """``with plain_conv_ffn(): ...`` runs every ConvFFN through its standard ops
+    (``ConvFFN.forward_plain``), also in a training forward that records gradients: the
+    reference for :class:`~paca_mm.models.layers.common.DWConvGELULinear`."""
     from paca_mm.models.layers.common import ConvFFN
 
     @contextlib.contextmanager
     def use():
         with monkeypatch.context() as m:
-            m.setattr(ConvFFN, 'forward', _plain_conv_ffn_forward)
+            m.setattr(ConvFFN, 'forward', ConvFFN.forward_plain)
             yield
 
     return use

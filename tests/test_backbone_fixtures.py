@@ -1,28 +1,30 @@
-"""PaCaViT reproduces the official implementation (shared/reference/fixtures).
+"""PaCaViT reproduces the official implementation: the outputs of five small random models
+run by the official code (tests/data/fixtures, see its README).
 
 The official outputs are reached to 8.4e-7 relative (float32 rounding of a different op
 order); ``RTOL`` leaves a small margin over that, so a changed hyper-parameter such as a
 LayerNorm eps of 1e-5 instead of 1e-6 fails. Every forward path is checked: eval mode
-without and with autograd, train mode (dropout and drop path are 0 here; the teacher's
-BatchNorms use their running statistics via ``norm_eval``), and the CPU inference pass.
+without and with autograd, and train mode (dropout and drop path are 0 here; the teacher's
+BatchNorms use their running statistics via ``norm_eval``), which runs ConvFFN's
+memory-efficient Function.
 """
 import json
 import os
 import os.path as osp
+from collections import OrderedDict
 
+import numpy as np
 import pytest
 import torch
 
 from paca_mm.models.backbones import PaCaViT
 
-FIXTURES = os.environ.get('PACA_FIXTURES', osp.join(
-    osp.dirname(__file__), '..', '..', 'shared', 'reference', 'fixtures'))
-INDEX = osp.join(FIXTURES, 'index.json')
+# PACA_FIXTURES: another folder of fixtures in the same format
+FIXTURES = os.environ.get('PACA_FIXTURES', osp.join(osp.dirname(__file__), 'data', 'fixtures'))
 RTOL = 2e-6
 
-if not osp.exists(INDEX):  # the fixtures live beside the repo, in shared/
-    pytest.fail(f'reference fixtures not found at {FIXTURES}; set PACA_FIXTURES', pytrace=False)
-CASES = json.load(open(INDEX))
+with open(osp.join(FIXTURES, 'index.json')) as f:
+    CASES = json.load(f)
 
 
 def build_from_official(kwargs, **extra) -> PaCaViT:
@@ -42,7 +44,13 @@ def build_from_official(kwargs, **extra) -> PaCaViT:
 def load_case(name, **extra):
     """(our model with the fixture's weights, the fixture data)."""
     info = CASES[name]
-    data = torch.load(osp.join(FIXTURES, name + '.pt'), weights_only=True)
+    with np.load(osp.join(FIXTURES, name + '.npz')) as z:
+        arrays = {k: torch.from_numpy(z[k]) for k in z.files}
+    prefix = 'state_dict/'
+    data = dict(input=arrays['input'],
+                outputs=[arrays[f'output{i}'] for i in range(len(info['output_shapes']))],
+                state_dict=OrderedDict((k[len(prefix):], v) for k, v in arrays.items()
+                                       if k.startswith(prefix)))
     model = build_from_official(info['official_constructor_kwargs'], **extra)
     assert sum(p.numel() for p in model.parameters()) == info['num_params']
     assert list(model.state_dict()) == list(data['state_dict'])  # same keys, same order
@@ -51,18 +59,12 @@ def load_case(name, **extra):
 
 
 def _run(model, data, path):
-    if path == 'train':
-        model.train()
-    else:
-        model.eval()
-    if path == 'fused':
-        from paca_mm import fuse_for_cpu_inference
-        model = fuse_for_cpu_inference(model)
+    model.train(path == 'train')
     with torch.set_grad_enabled(path in ('eval_autograd', 'train')):
         return model(data['input'])
 
 
-@pytest.mark.parametrize('path', ['eval', 'eval_autograd', 'train', 'fused'])
+@pytest.mark.parametrize('path', ['eval', 'eval_autograd', 'train'])
 @pytest.mark.parametrize('name', sorted(CASES))
 def test_fixture_reproduced(name, path):
     model, data = load_case(name, norm_eval=True)
@@ -86,10 +88,10 @@ def _loss_and_grads(model, x, weights):
 
 @pytest.mark.parametrize('name', sorted(CASES))
 def test_fixture_gradients_equal_plain_autograd(name, plain_conv_ffn, grad_errors):
-    """Issue 20: the training path's parameter gradients (memory-efficient ConvFFN
-    backward) equal autograd's through the plain ops, on every fixture model in train mode,
-    in float64 (where the comparison measures the math, not float32 rounding, which the
-    near-uniform attention of a random model amplifies ~1e5 times)."""
+    """The training path's parameter gradients (memory-efficient ConvFFN backward) equal
+    autograd's through the plain ops, on every fixture model in train mode, in float64
+    (where the comparison measures the math, not float32 rounding, which the near-uniform
+    attention of a random model amplifies ~1e5 times)."""
     model, data = load_case(name, norm_eval=True)
     model = model.double().train()
     x = data['input'].double()

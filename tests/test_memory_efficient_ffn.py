@@ -1,7 +1,10 @@
-"""ConvFFN's memory-efficient tail, ``DWConvGELULinear`` (issue 20): the backward keeps one
-activation of the FFN's hidden width instead of three, and its gradients are autograd's
-through the plain ops: in float64 to rounding, in float32 as accurately as autograd's own,
-under bf16 autocast, with dropout, and through ``torch.compile``."""
+"""ConvFFN's memory-efficient tail, ``DWConvGELULinear``: the backward keeps one activation
+of the FFN's hidden width instead of three, and its gradients are autograd's through the
+plain ops: in float64 to rounding, in float32 as accurately as autograd's own, under bf16
+autocast, with dropout, and through ``torch.compile``. It runs only in a training forward
+that records gradients; everything else takes ``ConvFFN.forward_plain``."""
+import warnings
+
 import pytest
 import torch
 import torch.nn as nn
@@ -200,9 +203,60 @@ def test_dropout(monkeypatch):
     kept = out != 0  # the output dropout: each element 0 or tail / (1 - p)
     assert abs(kept.double().mean().item() - (1 - p)) < 0.02
     torch.testing.assert_close(out[kept], tail[kept] / (1 - p))
-    ffn.eval()(x, (20, 30))
-    assert seen[-1][1] is None
-    torch.testing.assert_close(ffn(x, (20, 30)), seen[-1][2])
+    calls = len(seen)
+    ffn.eval()
+    torch.testing.assert_close(ffn(x, (20, 30)), _plain_tail(
+        tokens_to_map(ffn.fc1(x), (20, 30)), ffn.dwconv, ffn.fc2))
+    assert len(seen) == calls  # eval: the standard ops, no dropout
+
+
+def test_function_runs_only_for_training_with_grad(monkeypatch):
+    """The Function runs exactly in a training forward that records gradients (of the
+    input or of any parameter); eval mode (with or without autograd), ``no_grad``, nothing
+    requiring a gradient and jit tracing (ONNX export, FLOP counters) take the standard ops
+    of ``forward_plain``, with the same output."""
+    calls = []
+    apply = DWConvGELULinear.apply
+
+    def spy(*args):
+        calls.append(args)
+        return apply(*args)
+
+    monkeypatch.setattr(DWConvGELULinear, 'apply', spy)
+    torch.manual_seed(0)
+    ffn = ConvFFN(8)
+    x = torch.randn(2, 12, 8)
+
+    def used_function(train=True, grad=True, params=True, x=x):
+        ffn.train(train).requires_grad_(params)
+        del calls[:]
+        with torch.set_grad_enabled(grad):
+            out = ffn(x, (3, 4))
+        return len(calls), out
+
+    n, out = used_function()
+    assert n == 1
+    assert used_function(params=False, x=x.clone().requires_grad_())[0] == 1
+    for case in (dict(grad=False), dict(params=False), dict(train=False),
+                 dict(train=False, grad=False)):
+        n, plain = used_function(**case)
+        assert n == 0, case
+        torch.testing.assert_close(plain, out)
+
+    class Wrap(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ffn = ffn
+
+        def forward(self, x):
+            return self.ffn(x, (3, 4))
+
+    ffn.train().requires_grad_(True)
+    del calls[:]
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', FutureWarning)  # torch >= 2.9: jit.trace deprecated
+        graph = str(torch.jit.trace(Wrap(), (x, ), check_trace=False).inlined_graph)
+    assert not calls and 'PythonOp' not in graph and 'aten::gelu' in graph
 
 
 def test_compiled_gradients_equal_eager():
@@ -220,21 +274,3 @@ def test_compiled_gradients_equal_eager():
     torch.testing.assert_close(compiled, eager)
     for g, g_ref in zip(_grads(compiled, tensors), _grads(eager, tensors)):
         torch.testing.assert_close(g, g_ref)
-
-
-def test_onnx_export_in_training_mode_with_dropout_is_refused(tmp_path):
-    """The ONNX form has no dropout: an export that keeps training mode (and so the
-    dropout mask) stops with an error saying so instead of dropping it silently."""
-    from paca_mm.deployment import exporter_kwargs
-
-    class Wrap(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ffn = ConvFFN(8, drop=0.1)
-
-        def forward(self, x):
-            return self.ffn(x, (3, 4))
-
-    with pytest.raises(RuntimeError, match='ONNX export is for inference'):
-        torch.onnx.export(Wrap().train(), (torch.randn(1, 12, 8), ), str(tmp_path / 'f.onnx'),
-                          training=torch.onnx.TrainingMode.TRAINING, **exporter_kwargs())

@@ -1,5 +1,6 @@
-"""Pins every per-block and per-stage setting the reference spec states
-(``PACA_REFERENCE_SPEC.md`` §2-§3, §5.2), so that a change to any of them fails a test.
+"""Pins every per-block and per-stage setting of the official code (its model definitions,
+``_arch_settings`` and weight init; docs/differences.md lists where we differ), so that a
+change to any of them fails a test.
 
 What is pinned here, and how:
 * per block: the LayerNorm eps (1e-6: ``norm1_before``, ``norm2_before``, ``cluster_norm``),
@@ -157,8 +158,8 @@ def test_plain_attention_stage_has_no_cluster_layers():
 
 
 # ------------------------------------------------------------------ per-stage settings
-# spec §3.1 (``_arch_settings``): embed_dims, depths, teacher_depths, drop_path_rate
-SPEC_ARCHS = {
+# the official ``_arch_settings``: embed_dims, depths, teacher_depths, drop_path_rate
+OFFICIAL_ARCHS = {
     'tiny': ((96, 192, 320, 384), (2, 2, 4, 2), None, 0.1),
     'small': ((96, 192, 320, 384), (3, 3, 10, 3), None, 0.1),
     'base': ((96, 192, 384, 512), (3, 3, 18, 3), None, 0.5),
@@ -209,8 +210,8 @@ def test_layer_defaults():
 def test_arch_table_is_the_spec():
     """The arch table itself, value by value (the tests above read it to build their
     expectations, so they cannot notice a wrong entry in it)."""
-    assert sorted(ARCH_SETTINGS) == sorted(SPEC_ARCHS)
-    for name, (dims, depths, teacher_depths, rate) in SPEC_ARCHS.items():
+    assert sorted(ARCH_SETTINGS) == sorted(OFFICIAL_ARCHS)
+    for name, (dims, depths, teacher_depths, rate) in OFFICIAL_ARCHS.items():
         setting = ARCH_SETTINGS[name]
         assert tuple(setting['embed_dims']) == dims, name
         assert tuple(setting['depths']) == depths, name
@@ -270,7 +271,7 @@ def test_per_stage_shapes(name):
 
 
 def test_teacher_settings():
-    """The ConvMixer teacher (spec §2): units with a 7x7 depth-wise conv, transitions that
+    """The official ConvMixer teacher: units with a 7x7 depth-wise conv, transitions that
     blur with the fixed binomial [[1,2,1],[2,4,2],[1,2,1]]/16 (a buffer in the state_dict,
     so a checkpoint overwrites it, but a model trained from scratch starts from it) before
     a k3 s2 p1 conv, and the arch's units per stage."""
@@ -302,7 +303,7 @@ def test_teacher_config_defaults():
 
 
 def test_teacher_forward_is_the_spec():
-    """Spec §2: ``out_i`` = stage i's ConvMixer units (after the transitions),
+    """The official teacher: ``out_i`` = stage i's ConvMixer units (after the transitions),
     ``f_4 = out_4``, ``f_i = fpn_i(out_i + lateral_i(upsample(f_{i+1})))`` with bilinear,
     align_corners=False upsampling to out_i's size, the logits ``to_clusters_i(f_i)`` and
     their softmax over the patches;
@@ -347,7 +348,7 @@ def test_teacher_forward_is_the_spec():
 
 
 def test_random_init_is_the_spec():
-    """Spec (init): Linear weights trunc_normal(std=0.02), Conv2d weights normal(0,
+    """The official init: Linear weights trunc_normal(std=0.02), Conv2d weights normal(0,
     sqrt(2 / fan_out)) with fan_out = k_h * k_w * out_channels / groups, zero biases, and
     LayerNorm / BatchNorm weights 1 and biases 0."""
     torch.manual_seed(0)
@@ -440,7 +441,7 @@ ADAPT_CASES = {
 
 
 def _cluster_keys_expected(model, kind):
-    """The tensors that depend on M, written out from the spec (§2.5, §2.11, §5.2)."""
+    """The tensors that depend on M, written out from the official code."""
     keys = set()
     last = {'conv': ['4.weight'], 'mlp': ['2.weight', '2.bias'], 'linear': ['0.weight'],
             'blockwise': ['4.weight']}

@@ -46,8 +46,8 @@ except ImportError:  # running from a checkout that is not pip-installed
 
 from mmengine.config import Config, DictAction
 
+from paca_mm.flops import count  # noqa: F401  (the counting rule lives there)
 from paca_mm.models.backbones import PaCaViT
-from paca_mm.utils.flops import count  # noqa: F401  (the counting rule lives there)
 
 DEFAULT_SHAPES = {'backbone': (224, 224), 'detector': (800, 1280), 'segmentor': (512, 512)}
 

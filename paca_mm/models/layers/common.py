@@ -34,12 +34,15 @@ class LayerNorm2d(nn.LayerNorm):
 
 
 class DWConvShortcut(nn.Module):
-    """The 3x3 depth-wise conv of :class:`ConvFFN`'s ``h + DWConv(h)`` (official key
-    ``mlp.dwconv.dwconv``); :class:`DWConvGELULinear` computes it."""
+    """``h + DWConv3x3(h)`` of :class:`ConvFFN`, on a (B, rC, H, W) map (the official
+    ``DWConv`` with shortcut; key ``mlp.dwconv.dwconv``)."""
 
     def __init__(self, dim: int):
         super().__init__()
         self.dwconv = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h + self.dwconv(h)
 
 
 def _plus_identity(dw_weight: torch.Tensor) -> torch.Tensor:
@@ -49,13 +52,14 @@ def _plus_identity(dw_weight: torch.Tensor) -> torch.Tensor:
 
 class DWConvGELULinear(torch.autograd.Function):
     """``fc(drop(GELU(DWConv3x3(h))))``: a (B, rC, H, W) map ``h`` -> (B, N, C) tokens; the
-    tail of :class:`ConvFFN`, whose kernel includes the shortcut (:func:`_plus_identity`).
+    tail of :class:`ConvFFN` in training, whose kernel includes the shortcut
+    (:func:`_plus_identity`).
 
     Autograd through these ops would keep three activations of the block's widest shape:
     ``h`` (for the conv's weight gradient), the conv's output (GELU's) and the GELU's output
     (fc's). This backward keeps only ``h`` and recomputes the other two, a depth-wise conv
     and a GELU: a training step's saved activations shrink by a third for a few % more time
-    (docs/benchmarks.md, issue 20). The gradients are autograd's through the plain ops
+    (docs/benchmarks.md). The output and gradients are autograd's through the plain ops
     (tests/test_memory_efficient_ffn.py).
 
     The backward calls the two derivative ops that autograd itself runs for these ops: the
@@ -66,8 +70,7 @@ class DWConvGELULinear(torch.autograd.Function):
 
     ``mask``: None, or the bool keep-mask (shaped as ``h``) of a dropout with probability
     ``p``. Under autocast the forward's ops run as autocast casts them, and the backward
-    recomputes in the dtype of ``h``. ONNX export (TorchScript exporter) through
-    :meth:`symbolic`.
+    recomputes in the dtype of ``h``.
     """
 
     @staticmethod
@@ -99,32 +102,20 @@ class DWConvGELULinear(torch.autograd.Function):
         return (grad_h, grad_dw_weight, grad_dw_bias, grad_fc_weight, grad_rows.sum(0), None,
                 None)
 
-    @staticmethod
-    def symbolic(g, h, dw_weight, dw_bias, fc_weight, fc_bias, mask, p):
-        """The forward in ONNX ops (inference: no dropout): Conv, GELU as
-        ``u * 0.5 * (1 + erf(u / sqrt(2)))``, tokens, MatMul + Add."""
-        if mask is not None and not mask.node().mustBeNone():
-            raise RuntimeError('DWConvGELULinear: ONNX export is for inference; call '
-                               'model.eval() before exporting (dropout is on)')
-
-        def const(value):
-            return g.op('Constant', value_t=torch.tensor(value))
-
-        u = g.op('Conv', h, dw_weight, dw_bias, group_i=dw_bias.type().sizes()[0],
-                 kernel_shape_i=[3, 3], pads_i=[1, 1, 1, 1])
-        erf = g.op('Erf', g.op('Div', u, const(2 ** 0.5)))
-        a = g.op('Mul', g.op('Mul', u, g.op('Add', erf, const(1.))), const(.5))
-        tokens = g.op('Transpose', g.op('Reshape', a, const([0, 0, -1])), perm_i=[0, 2, 1])
-        out = g.op('MatMul', tokens, g.op('Transpose', fc_weight, perm_i=[1, 0]))
-        return g.op('Add', out, fc_bias)
-
 
 class ConvFFN(nn.Module):
-    """Inverted-residual FFN (official ``Mlp`` with dwconv and shortcut):
-    fc1 (C -> rC), DWConv3x3 + shortcut, GELU, dropout, fc2 (rC -> C), dropout; all after
-    fc1 in :class:`DWConvGELULinear`.
+    """The FFN of every PaCa block: the inverted-residual block of MobileNetV2 with a
+    shortcut over its depth-wise conv (the paper's "MBlock", Sec. 3 and the supplementary's
+    Fig. 7; the official ``Mlp`` with ``dwconv`` and ``shortcut``):
 
-    (B, N, C) tokens on an H x W grid -> (B, N, C).
+        fc1 (C -> rC) -> h + DWConv3x3(h) -> GELU -> dropout -> fc2 (rC -> C) -> dropout
+
+    (B, N, C) tokens on an H x W grid -> (B, N, C). :meth:`forward_plain` is this in
+    standard ops; it runs in eval mode, without autograd (``no_grad``, nothing requiring a
+    gradient) and under jit tracing (ONNX export, FLOP counters). A training forward that
+    records gradients computes everything after fc1 with :class:`DWConvGELULinear` instead:
+    the same output and gradients, two activations of the hidden width fewer saved for the
+    backward.
     """
 
     def __init__(self, dim: int, mlp_ratio: float = 4, drop: float = 0.):
@@ -135,9 +126,20 @@ class ConvFFN(nn.Module):
         self.fc2 = nn.Linear(hidden, dim)
         self.drop = nn.Dropout(drop)
 
-    def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
+    def forward_plain(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
         h = tokens_to_map(self.fc1(x), hw)
-        p = self.drop.p if self.training else 0.
+        a = self.drop(F.gelu(self.dwconv(h)))
+        return self.drop(self.fc2(map_to_tokens(a)))
+
+    def _records_training_grad(self, x: torch.Tensor) -> bool:
+        return (self.training and torch.is_grad_enabled() and not torch.jit.is_tracing()
+                and (x.requires_grad or any(p.requires_grad for p in self.parameters())))
+
+    def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
+        if not self._records_training_grad(x):
+            return self.forward_plain(x, hw)
+        h = tokens_to_map(self.fc1(x), hw)
+        p = self.drop.p
         mask = torch.empty_like(h, dtype=torch.bool).bernoulli_(1 - p) if p > 0 else None
         dw = self.dwconv.dwconv
         return self.drop(DWConvGELULinear.apply(h, _plus_identity(dw.weight), dw.bias,

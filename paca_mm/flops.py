@@ -1,17 +1,23 @@
 """FLOP (fvcore-style MAC) counting with mmengine's ``FlopAnalyzer``, attention included.
 
-mmengine has no handle for ``aten::scaled_dot_product_attention`` and silently drops it;
-:func:`count` adds one (and for ``baddbmm``/``addbmm``, and for ConvFFN's
-:class:`~paca_mm.models.layers.common.DWConvGELULinear`, which the tracer records as one
-``prim::PythonOp``). Used by ``tools/get_flops.py`` and
-``tools/benchmark.py``.
+mmengine has no handle for ``aten::scaled_dot_product_attention`` (nor ``baddbmm`` /
+``addbmm``) and silently drops it, which leaves PaCa's attention products out of every count.
+``import paca_mm`` calls :func:`install_flop_handles`, which adds the handles below to the
+defaults of every ``FlopAnalyzer`` mmengine builds, so the stock tools count them too
+(``mmengine.analysis.get_model_complexity_info``, the toolboxes' ``get_flops.py``).
+:func:`count` is the counter of ``tools/get_flops.py`` and ``tools/benchmark.py``.
+
+ConvFFN's memory-efficient Function runs only in a training forward that records gradients,
+never under tracing, so the counters see its standard ops (the depth-wise conv and the
+linear layers, which mmengine counts).
 """
 import warnings
 from typing import Dict, List, Sequence, Tuple
 
+import mmengine
 import torch
 import torch.nn as nn
-from mmengine.analysis import FlopAnalyzer, parameter_count
+from mmengine.analysis import FlopAnalyzer, complexity_analysis, parameter_count
 from mmengine.analysis.jit_handles import get_shape
 
 
@@ -43,20 +49,33 @@ def baddbmm_flop_jit(inputs: List, outputs: List) -> int:
     return n * c * t * b2[-1]
 
 
-def dwconv_gelu_linear_flop_jit(inputs: List, outputs: List) -> int:
-    """MACs of ConvFFN's tail ``fc(GELU(h + DWConv3x3(h)))``: h (B, rC, H, W), fc weight
-    (C, rC); the depth-wise 3x3 conv (9 per element of h) and the linear (C per element),
-    as mmengine counts ``aten::_convolution`` and ``aten::linear``."""
-    h, fc_weight = get_shape(inputs[0]), get_shape(inputs[3])
-    return _prod(h) * (9 + fc_weight[0])
-
-
 EXTRA_HANDLES = {
     'aten::scaled_dot_product_attention': sdpa_flop_jit,
     'aten::baddbmm': baddbmm_flop_jit,
     'aten::addbmm': baddbmm_flop_jit,
-    'prim::PythonOp.DWConvGELULinear': dwconv_gelu_linear_flop_jit,
 }
+
+
+def install_flop_handles() -> bool:
+    """Add :data:`EXTRA_HANDLES` to the handles every mmengine ``FlopAnalyzer`` starts with.
+
+    mmengine's only door for this is the private dict ``_DEFAULT_SUPPORTED_FLOP_OPS`` of
+    ``mmengine.analysis.complexity_analysis``, which ``FlopAnalyzer.__init__`` reads
+    (mmengine 0.7 to 0.10); ``get_model_complexity_info`` builds its own analyzer, so
+    ``set_op_handle`` cannot reach it. Where that dict is missing the stock counters keep
+    leaving attention out: this warns and returns False (:func:`count` is unaffected).
+    """
+    ops = getattr(complexity_analysis, '_DEFAULT_SUPPORTED_FLOP_OPS', None)
+    if not isinstance(ops, dict) or 'aten::matmul' not in ops:
+        warnings.warn(
+            f'paca_mm: mmengine {mmengine.__version__} has no FLOP handle table '
+            '(mmengine.analysis.complexity_analysis._DEFAULT_SUPPORTED_FLOP_OPS) to add the '
+            'attention handles to: its get_model_complexity_info leaves '
+            'scaled_dot_product_attention out of the count. Use tools/get_flops.py (or '
+            'paca_mm.flops.count), which counts it.')
+        return False
+    ops.update(EXTRA_HANDLES)
+    return True
 
 
 def count(model: nn.Module, inputs: Tuple, show_unsupported: bool = False) -> Dict:
