@@ -24,10 +24,10 @@ test-compat: env-compat
 	$(VENV_COMPAT)/bin/python -m pytest tests $(PYTEST_ARGS)
 
 demo: env
-	$(PY) tools/run_demo.py
+	$(PY) demo/run.py
 
 smoke-demo: env
-	$(PY) tools/smoke_demo.py
+	$(PY) demo/smoke.py
 
 clean-demo:
 	rm -rf work_dirs/demo

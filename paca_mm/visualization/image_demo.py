@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from ..cpu_inference import apply_cpu_inference_pass
-from .inference import build_model, config_scope, load_image
+from ..registry import get_scope
+from .inference import build_model, load_image
 
 _COUNTER = itertools.count()
 
@@ -54,7 +55,7 @@ def run_image_demo(config, checkpoint: Optional[str], image: str, out_file: str,
     """
     model = build_model(config, checkpoint, device, cfg_options, trust=trust)
     apply_cpu_inference_pass(model, fuse)
-    scope = config_scope(model.cfg)
+    scope = get_scope(model.cfg)
     os.makedirs(osp.dirname(osp.abspath(out_file)), exist_ok=True)
     meta = dict(model.dataset_meta or {})
     if scope == 'mmdet':
