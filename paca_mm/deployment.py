@@ -13,8 +13,8 @@ the graph:
   ONNX form needs mmdeploy's rewriters and its ONNX Runtime custom-op library (RoIAlign,
   NMS), see ``docs/deployment.md``.
 
-``export_onnx`` writes the file atomically (:func:`paca_mm.fileio.atomic_path`); ``check_onnx`` runs it on ONNX Runtime and
-compares with PyTorch.
+``export_onnx`` writes the file atomically (:func:`paca_mm.fileio.atomic_path`);
+``check_onnx`` runs it on ONNX Runtime and compares with PyTorch.
 """
 import copy
 from typing import Dict, List, Sequence, Tuple

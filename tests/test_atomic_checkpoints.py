@@ -30,11 +30,11 @@ import torch
 from mmengine.config import Config
 
 import paca_mm  # noqa: F401
-from paca_mm.utils import atomic_backend
-from paca_mm.utils.atomic_backend import (ATOMIC_BACKEND, AtomicLocalBackend,
-                                          stale_temporary_files)
-from paca_mm.utils.runtime import (check_resume_checkpoint, checkpoint_problem,
-                                   use_atomic_checkpoints)
+from paca_mm import fileio
+from paca_mm.engine.checkpoints import (ATOMIC_BACKEND, AtomicLocalBackend,
+                                        check_resume_checkpoint, checkpoint_problem,
+                                        use_atomic_checkpoints)
+from paca_mm.fileio import stale_temporary_files
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DATA = osp.join(ROOT, 'tests', 'data')
@@ -85,7 +85,7 @@ def test_atomic_backend_keeps_old_file_when_write_fails(tmp_path, monkeypatch):
     backend.put_text('old/iter_2.pth', text_target)
     assert target.read_bytes() == b'old checkpoint'
 
-    _plant_failing_open(monkeypatch, atomic_backend)
+    _plant_failing_open(monkeypatch, fileio)
     with pytest.raises(OSError, match='planted'):
         backend.put(b'N' * 1000, target)
     with pytest.raises(OSError, match='planted'):
@@ -111,7 +111,7 @@ def test_atomic_backend_keeps_old_file_when_write_fails(tmp_path, monkeypatch):
     # a successful write replaces the file; an interruption (not an Exception) cleans up
     backend.put(b'new checkpoint', target)
     assert target.read_bytes() == b'new checkpoint'
-    monkeypatch.setattr(atomic_backend.os, 'fsync', lambda fd: (_ for _ in ()).throw(
+    monkeypatch.setattr(fileio.os, 'fsync', lambda fd: (_ for _ in ()).throw(
         KeyboardInterrupt()))
     with pytest.raises(KeyboardInterrupt):
         backend.put(b'X' * 100, target)
@@ -199,7 +199,7 @@ def _ok(proc, out):
 
 @pytest.fixture(scope='module')
 def tiny_data(tmp_path_factory):
-    from paca_mm.datasets.synthetic_seg import generate_synthetic_seg
+    from demo.datasets.synthetic_seg import generate_synthetic_seg
     root = tmp_path_factory.mktemp('atomic_seg_data')
     return generate_synthetic_seg(str(root), num_train=4, num_val=2, size=(32, 32), seed=0)
 

@@ -18,7 +18,7 @@ from paca_mm.visualization.inference import build_model
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 SEG_CONFIG = osp.join(ROOT, 'tests', 'data', 'tools_tiny_seg.py')
-CLS_CFG = osp.join(ROOT, 'configs', 'demo', 'paca_tiny_synthetic_cls.py')
+CLS_CFG = osp.join(ROOT, 'demo', 'configs', 'paca_tiny_synthetic_cls.py')
 
 
 class _SpyFFN(nn.Module):
@@ -74,7 +74,7 @@ def test_apply_pass_logs_and_skips(spy):
 
 @pytest.fixture(scope='module')
 def seg_data(tmp_path_factory):
-    from paca_mm.datasets.synthetic_seg import generate_synthetic_seg
+    from demo.datasets.synthetic_seg import generate_synthetic_seg
     root = tmp_path_factory.mktemp('fuse_seg_data')
     return generate_synthetic_seg(str(root), num_train=2, num_val=2, size=(32, 32), seed=0)
 

@@ -18,7 +18,7 @@ from paca_mm.models.backbones.paca_vit import PaCaViT
 from paca_mm.visualization.inference import build_model
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-DEMO = osp.join(ROOT, 'configs', 'demo')
+DEMO = osp.join(ROOT, 'demo', 'configs')
 SEG = osp.join(DEMO, 'pacahead_tiny_synthetic_seg.py')
 CLS = osp.join(DEMO, 'paca_tiny_synthetic_cls.py')
 DET = osp.join(DEMO, 'mask_rcnn_tiny_synthetic_coco.py')

@@ -13,11 +13,12 @@ from mmengine.optim import AmpOptimWrapper, build_optim_wrapper
 
 import paca_mm  # noqa: F401
 from paca_mm.models.backbones.paca_vit import PRESETS, resolve_preset
-from paca_mm.utils import CPUAmpOptimWrapper, adapt_cfg_to_device, apply_train_args
+from paca_mm.engine.args import apply_train_args
+from paca_mm.engine.cpu import CPUAmpOptimWrapper, adapt_cfg_to_device
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DET_CONFIGS = sorted(glob.glob(osp.join(ROOT, 'configs', 'mask_rcnn', '*.py')))
-DEMO_CONFIG = osp.join(ROOT, 'configs', 'demo', 'mask_rcnn_tiny_synthetic_coco.py')
+DEMO_CONFIG = osp.join(ROOT, 'demo', 'configs', 'mask_rcnn_tiny_synthetic_coco.py')
 # the models of paper Tables 2 and 4
 EXPECTED = {
     'pacavit_tiny_p2cconv_100_0', 'pacavit_small_p2cconv_100_0', 'pacavit_base_p2cconv_100_0',
@@ -181,7 +182,7 @@ def test_loss_and_backward(name):
 
 
 def test_demo_config():
-    from paca_mm.datasets.synthetic_coco import CLASSES
+    from demo.datasets.synthetic_coco import CLASSES
     cfg = Config.fromfile(DEMO_CONFIG)
     assert tuple(cfg.classes) == CLASSES
     assert cfg.model.backbone.arch == 'pacavit_tiny_p2cconv_100_0'

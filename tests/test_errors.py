@@ -155,7 +155,7 @@ def test_extract_backbone_prefix():
 
 def test_key_lists_in_messages_are_capped():
     """Long key lists in load reports show the first 20 and how many more there are."""
-    from paca_mm.checkpoint import _fmt
+    from paca_mm.checkpoint.convert import _fmt
     assert _fmt(range(20)) == '\n    ' + '\n    '.join(map(str, range(20)))
     assert _fmt(range(23)) == '\n    ' + '\n    '.join(map(str, range(20))) + \
         ' ... and 3 more'

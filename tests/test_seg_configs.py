@@ -14,12 +14,12 @@ from mmengine.registry import init_default_scope
 from mmseg.registry import MODELS
 
 import paca_mm  # noqa: F401
-from paca_mm.utils import CPUAmpOptimWrapper, adapt_cfg_to_device
+from paca_mm.engine.cpu import CPUAmpOptimWrapper, adapt_cfg_to_device
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 PACA_HEAD = sorted(glob.glob(osp.join(REPO, 'configs', 'paca_head', '*.py')))
 UPERNET = sorted(glob.glob(osp.join(REPO, 'configs', 'upernet', '*.py')))
-DEMO = sorted(glob.glob(osp.join(REPO, 'configs', 'demo', '*seg*.py')))
+DEMO = sorted(glob.glob(osp.join(REPO, 'demo', 'configs', '*seg*.py')))
 ADE = PACA_HEAD + UPERNET
 
 # Exact parameter counts (backbone with ADE20k clusters + heads), spec 3.4 / 6.2 / 7.4 / 8.3.

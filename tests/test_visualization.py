@@ -20,8 +20,8 @@ from paca_mm.visualization import (analyze_cluster_groups, classify,  # noqa: E4
 from paca_mm.visualization.inference import build_model  # noqa: E402
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-CLS_CFG = osp.join(ROOT, 'configs', 'demo', 'paca_tiny_synthetic_cls.py')
-SEG_CFG = osp.join(ROOT, 'configs', 'demo', 'pacahead_tiny_synthetic_seg.py')
+CLS_CFG = osp.join(ROOT, 'demo', 'configs', 'paca_tiny_synthetic_cls.py')
+SEG_CFG = osp.join(ROOT, 'demo', 'configs', 'pacahead_tiny_synthetic_seg.py')
 M = 16  # clusters per stage of the demo classifier (16, 16, 16, 0)
 
 

@@ -133,8 +133,9 @@ def allow_mmengine_checkpoint_globals(extra: Sequence[Any] = ()) -> List[Any]:
 def _restricted_pickle_module():
     """For torch < 2.4 (no ``add_safe_globals``): a pickle module whose Unpickler only
     resolves torch's weights-only globals (tensor rebuild functions, storages, dtypes,
-    ``torch.device``, ``collections.OrderedDict``, ``_codecs.encode`` for bytes) and :func:`mmengine_checkpoint_globals`;
-    every other global (hence every other callable) raises ``UnpicklingError``."""
+    ``torch.device``, ``collections.OrderedDict``, ``_codecs.encode`` for bytes) and
+    :func:`mmengine_checkpoint_globals`; every other global (hence every other callable)
+    raises ``UnpicklingError``."""
     from torch import _weights_only_unpickler
     allowed = dict(_weights_only_unpickler._get_allowed_globals())
     # every dtype and torch.device, as newer torch allows (torch 2.1 lists some dtypes only)
