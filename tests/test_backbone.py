@@ -17,7 +17,7 @@ def n_params(m):
     return sum(p.numel() for p in m.parameters())
 
 
-# Official parameter counts (spec §3.3 / §3.4), measured from the official code.
+# Official parameter counts, measured from the official code.
 IMAGENET_PARAMS = {  # backbone + 1000-way linear classifier on the last stage
     'pacavit_tiny_p2cconv_100_0': 12_200_680,
     'pacavit_small_p2cconv_100_0': 22_037_704,
@@ -54,7 +54,7 @@ def test_imagenet_param_counts(name):
 
 
 def test_aliases_and_downstream_names():
-    assert n_params(PaCaViT(arch='tiny')) == 11_815_680  # downstream PaCa-Tiny (spec §3.4)
+    assert n_params(PaCaViT(arch='tiny')) == 11_815_680  # downstream PaCa-Tiny (official code)
     assert n_params(PaCaViT(arch='pacavit_tiny_p2cconv_100_0_downstream')) == 11_815_680
     assert n_params(PaCaViT(arch='ec_small')) == 21_075_064 - 385_000
 

@@ -1,4 +1,4 @@
-"""Detection configs: every Mask R-CNN config loads, follows the recipe of spec 7.2 (fp16 AMP
+"""Detection configs: every Mask R-CNN config loads, follows the official recipe (fp16 AMP
 as the official runs were launched), its optimizer wrapper builds the way the Runner builds it
 after our tools' CPU adaptation, and its detector builds and runs (tensor mode; loss mode for
 three of them) on a tiny CPU input."""
@@ -199,7 +199,7 @@ def test_demo_config():
 
 
 def test_pretrained_checkpoint_is_loaded_in_init_weights(tmp_path):
-    """The backbone's init_cfg checkpoint survives the detector's init_weights (spec 5.2)."""
+    """The backbone's init_cfg checkpoint survives the detector's init_weights."""
     from paca_mm.models.backbones import PaCaViT
     path = osp.join(ROOT, 'configs', 'mask_rcnn',
                     'mask_rcnn_pacavit_tiny_p2cconv_100_0_mstrain_480_800_1x_coco.py')
