@@ -120,6 +120,50 @@ def test_atomic_backend_keeps_old_file_when_write_fails(tmp_path, monkeypatch):
     assert stale_temporary_files(str(tmp_path)) == []
 
 
+def test_atomic_path_for_writers_that_take_a_file_name(tmp_path):
+    """fileio.atomic_path (ONNX export): the target appears only once the block succeeded."""
+    from paca_mm.fileio import atomic_path
+    target = tmp_path / 'sub' / 'model.onnx'
+    with atomic_path(target) as tmp:
+        assert osp.dirname(tmp) == str(target.parent) and not target.exists()
+        with open(tmp, 'wb') as f:
+            f.write(b'first')
+    assert target.read_bytes() == b'first'
+    with pytest.raises(RuntimeError, match='export failed'):
+        with atomic_path(target) as tmp:
+            with open(tmp, 'wb') as f:
+                f.write(b'half')
+            raise RuntimeError('export failed')
+    assert target.read_bytes() == b'first' and os.listdir(target.parent) == ['model.onnx']
+    with pytest.raises(FileNotFoundError):  # a writer that wrote nothing is an error
+        with atomic_path(tmp_path / 'empty.onnx'):
+            pass
+    assert not (tmp_path / 'empty.onnx').exists()
+
+
+def test_every_file_writer_goes_through_fileio(tmp_path, monkeypatch):
+    """The converter's save, the ONNX export and the visualisation PNGs write atomically."""
+    import numpy as np
+
+    from paca_mm import fileio
+    from paca_mm.checkpoint import save_checkpoint_atomic
+    from paca_mm.visualization import save_image
+    written = []
+    real = fileio.atomic_path
+
+    def spy(filepath):
+        written.append(osp.basename(str(filepath)))
+        return real(filepath)
+
+    monkeypatch.setattr(fileio, 'atomic_path', spy)
+    save_checkpoint_atomic({'w': torch.ones(2)}, str(tmp_path / 'a.pth'))
+    save_image(str(tmp_path / 'b.png'), np.zeros((4, 4, 3), np.uint8))
+    assert written == ['a.pth', 'b.png']
+    assert torch.equal(torch.load(str(tmp_path / 'a.pth'), weights_only=True)['w'], torch.ones(2))
+    import cv2
+    assert cv2.imread(str(tmp_path / 'b.png')).shape == (4, 4, 3)
+
+
 def test_mmengine_save_checkpoint_through_atomic_backend(tmp_path):
     from mmengine.runner.checkpoint import save_checkpoint
     path = tmp_path / 'iter_1.pth'

@@ -99,7 +99,7 @@ def test_converter_adapts_clusters_and_checks_arch(tmp_path, load_tool):
     assert code == 0, err
     out = torch.load(dst, weights_only=True)['state_dict']
     PaCaViT(arch='tiny', num_clusters=(200, 200, 200, 0)).load_state_dict(out, strict=True)
-    assert not [f for f in os.listdir(dst.parent) if f.startswith('.tmp_')]  # atomic write
+    assert os.listdir(dst.parent) == ['tiny_200.pth']  # atomic write: no temporary file left
     # classifier layout
     code, err = convert(src, tmp_path / 'cls.pth', '--to', 'classifier', '--arch', 'tiny')
     assert code == 0, err
