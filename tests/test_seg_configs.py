@@ -75,7 +75,8 @@ def test_config_inventory():
 def test_config_builds_and_runs(path):
     cfg = Config.fromfile(path)
     assert cfg.default_scope == 'mmseg'
-    assert cfg.custom_imports == dict(imports=['paca_mm'], allow_failed_imports=False)
+    imports = ['paca_mm', 'demo.datasets'] if path in DEMO else ['paca_mm']
+    assert cfg.custom_imports == dict(imports=imports, allow_failed_imports=False)
     assert cfg.model.backbone.type == 'PaCaViT'
     model = build(cfg)
     model.eval()
