@@ -36,6 +36,12 @@ def _raw(h=64, w=64, seed=0):
     return torch.randint(0, 256, (3, h, w), generator=g).float()
 
 
+def test_class_names_from_the_config_without_a_checkpoint(classifier):
+    """No checkpoint meta: the names come from the config's dataset, through the toolbox's
+    registry (the demo dataset derives them from num_classes; mmseg's from METAINFO)."""
+    assert classifier.dataset_meta == dict(classes=[f'class_{k}' for k in range(4)])
+
+
 def test_stage_logits_shapes_and_state(classifier):
     backbone = classifier.backbone
     classifier.train()

@@ -4,6 +4,7 @@ Works for mmpretrain classifiers, mmdet detectors and mmseg segmentors: the tool
 config's ``default_scope``.
 """
 import copy
+import importlib
 import os.path as osp
 from typing import Optional, Tuple, Union
 
@@ -72,7 +73,7 @@ def load_model_weights(model: nn.Module, checkpoint: str, scope: str,
 
 def _dataset_metainfo(cfg: Config) -> Optional[dict]:
     """classes (and palette) of the config's test/val dataset, if they can be found."""
-    from mmengine.registry import DATASETS
+    datasets = importlib.import_module(f'{get_scope(cfg)}.registry').DATASETS
     for key in ('test_dataloader', 'val_dataloader', 'train_dataloader'):
         ds = (cfg.get(key) or {}).get('dataset')
         while isinstance(ds, dict) and 'dataset' in ds and 'type' in ds and \
@@ -82,7 +83,7 @@ def _dataset_metainfo(cfg: Config) -> Optional[dict]:
             continue
         if ds.get('metainfo'):
             return dict(ds['metainfo'])
-        cls = DATASETS.get(ds.get('type')) if isinstance(ds.get('type'), str) else ds.get('type')
+        cls = datasets.get(ds.get('type')) if isinstance(ds.get('type'), str) else ds.get('type')
         meta = getattr(cls, 'METAINFO', None)
         if meta and meta.get('classes'):
             return dict(meta)
