@@ -34,6 +34,7 @@ _CLUSTER_LAYER = re.compile(
 _CLUSTER_ONLY = re.compile(r'(^|\.)attn\.(cluster_norm|clustering)\.')
 _WRAPPER_KEYS = ('state_dict', 'model', 'module', 'model_state')
 
+
 def state_dict_of(ckpt) -> 'OrderedDict':
     """The tensors of a checkpoint's state_dict, whatever wraps it: a plain state_dict, or
     one under ``state_dict`` / ``model`` / ``module`` / ``model_state`` (nested too); a DDP
