@@ -24,16 +24,16 @@ test-compat: env-compat
 	$(VENV_COMPAT)/bin/python -m pytest tests $(PYTEST_ARGS)
 
 demo: env
-	$(PY) tools/run_demo.py
+	$(PY) demo/run.py
 
 smoke-demo: env
-	$(PY) tools/smoke_demo.py
+	$(PY) demo/smoke.py
 
 clean-demo:
 	rm -rf work_dirs/demo
 
 # Mutation testing (dev/mutation_test.py): plant one small bug at a time in paca_mm/models
-# and paca_mm/checkpoint.py and list the mutants the tests miss. Not part of CI (about an hour
+# and paca_mm/checkpoint and list the mutants the tests miss. Not part of CI (about an hour
 # for all ~700 mutants on 2 cores; MUTATION_ARGS="--limit 60" samples, "--resume" goes on
 # with a run that was cut off). docs/mutation.md: the last full run and its survivors.
 MUTATION_ARGS ?=

@@ -4,7 +4,7 @@
 1. ``dev/benchmark.py`` twice, without and with ``--amp`` (fp16 autocast on CUDA, bf16 on
    the CPU): PaCa-Tiny, PaCa-Small, PVTv2-B2 and Swin-T; forward, forward+backward and peak
    forward memory (``torch.cuda.max_memory_allocated`` on CUDA) at 512² and 800×1280.
-2. ``tools/train.py configs/demo/pacahead_tiny_synthetic_seg.py --amp`` for a few iterations
+2. ``tools/train.py demo/configs/pacahead_tiny_synthetic_seg.py --amp`` for a few iterations
    on freshly generated synthetic data.
 3. ``OUT/gpu_check.md``: one Markdown table of both benchmark runs side by side, the training
    figures (loss, time per iteration, memory), and the versions and device they ran on.
@@ -28,7 +28,7 @@ import time
 import torch
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-SEG_CONFIG = 'configs/demo/pacahead_tiny_synthetic_seg.py'
+SEG_CONFIG = 'demo/configs/pacahead_tiny_synthetic_seg.py'
 # per device: benchmark models, sizes, repeats, warm-up runs; training iterations, images per
 # split. The dry run keeps one PaCa model and the reference (each model's memory is measured
 # in its own process, and those processes dominate the dry run's time).
@@ -74,7 +74,7 @@ def train(plan, out):
     """A few AMP iterations of the seg demo; its per-iteration scalars and the seconds taken."""
     data = osp.join(out, 'data', 'seg')
     num_train, num_val = plan['images']
-    run_step('synthetic data', [sys.executable, '-m', 'paca_mm.datasets.synthetic_seg', '--root',
+    run_step('synthetic data', [sys.executable, '-m', 'demo.datasets.synthetic_seg', '--root',
                                 data, '--num-train', str(num_train), '--num-val', str(num_val),
                                 '--overwrite'], osp.join(out, 'data.log'))
     work_dir = osp.join(out, 'train')

@@ -18,7 +18,7 @@ failing test, and the tests that killed recent mutants run first. A mutant *surv
 when every test passes. The report lists each survivor with its file, line and change, for
 a person to judge: harmless (an equivalent mutant) or a missing test.
 
-Defaults: ``paca_mm/models`` and ``paca_mm/checkpoint.py`` against the model, checkpoint
+Defaults: ``paca_mm/models`` and ``paca_mm/checkpoint`` against the model, checkpoint
 and spec tests. ``make mutation`` runs it; it is not part of CI (it takes long).
 """
 import argparse
@@ -34,7 +34,7 @@ import tokenize
 from typing import Iterator, List, NamedTuple
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-DEFAULT_FILES = ['paca_mm/models', 'paca_mm/checkpoint.py']
+DEFAULT_FILES = ['paca_mm/models', 'paca_mm/checkpoint']
 DEFAULT_TESTS = ['tests/test_spec_pinning.py', 'tests/test_backbone_fixtures.py',
                  'tests/test_backbone.py', 'tests/test_paca_operator.py',
                  'tests/test_paca_head.py', 'tests/test_errors.py',

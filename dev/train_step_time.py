@@ -12,8 +12,8 @@ The demo configs train on generated data, so they need no dataset download; gene
 first (``--data seg`` / ``--data det`` writes it into the work dir and points the config at
 it)::
 
-    python dev/train_step_time.py configs/demo/pacahead_tiny_synthetic_seg.py --data seg
-    python dev/train_step_time.py configs/demo/mask_rcnn_tiny_synthetic_coco.py --data det
+    python dev/train_step_time.py demo/configs/pacahead_tiny_synthetic_seg.py --data seg
+    python dev/train_step_time.py demo/configs/mask_rcnn_tiny_synthetic_coco.py --data det
 """
 import argparse
 import glob
@@ -36,11 +36,11 @@ def generate_data(kind: str, work_dir: str, config: str) -> List[str]:
     cfg = Config.fromfile(config)
     root = osp.join(work_dir, 'data', kind)
     if kind == 'seg':
-        from paca_mm.datasets.synthetic_seg import generate_synthetic_seg
+        from demo.datasets.synthetic_seg import generate_synthetic_seg
         generate_synthetic_seg(root, num_train=16, num_val=4)
     else:
-        from paca_mm.datasets.synthetic_coco import generate_synthetic_coco
-        from paca_mm.demo.det import DEMO_DATA
+        from demo.datasets.synthetic_coco import generate_synthetic_coco
+        from demo.det import DEMO_DATA
         generate_synthetic_coco(root, **dict(DEMO_DATA, num_train=16, num_val=4))
         root += '/'
     options = [f'{split}_dataloader.dataset.data_root={root}'

@@ -13,20 +13,19 @@ the graph:
   ONNX form needs mmdeploy's rewriters and its ONNX Runtime custom-op library (RoIAlign,
   NMS), see ``docs/deployment.md``.
 
-``export_onnx`` writes the file atomically; ``check_onnx`` runs it on ONNX Runtime and
-compares with PyTorch.
+``export_onnx`` writes the file atomically (:func:`paca_mm.fileio.atomic_path`);
+``check_onnx`` runs it on ONNX Runtime and compares with PyTorch.
 """
 import copy
-import os
-import tempfile
 from typing import Dict, List, Sequence, Tuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .fileio import atomic_path
 from .models.backbones.paca_vit import PaCaViT
-from .utils.runtime import torch_version
+from .version import torch_version
 
 KINDS = ('backbone', 'segmentor', 'classifier')
 
@@ -215,17 +214,9 @@ def export_onnx(model: nn.Module, out_file: str, kind: str, shape: Sequence[int]
     for name in names:
         dynamic[name] = {0: 'batch'} if kind == 'classifier' or not dynamic_hw else \
             {0: 'batch', 2: f'{name}_height', 3: f'{name}_width'}
-    folder = os.path.dirname(os.path.abspath(out_file))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix='.onnx.tmp', dir=folder)
-    os.close(fd)
-    try:
+    with atomic_path(out_file) as tmp:
         torch.onnx.export(module, (example,), tmp, input_names=['img'], output_names=names,
                           dynamic_axes=dynamic, opset_version=opset, **exporter_kwargs())
-        os.replace(tmp, out_file)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
     return names
 
 

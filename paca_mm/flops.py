@@ -5,7 +5,7 @@ mmengine has no handle for ``aten::scaled_dot_product_attention`` (nor ``baddbmm
 ``import paca_mm`` calls :func:`install_flop_handles`, which adds the handles below to the
 defaults of every ``FlopAnalyzer`` mmengine builds, so the stock tools count them too
 (``mmengine.analysis.get_model_complexity_info``, the toolboxes' ``get_flops.py``).
-:func:`count` is the counter of ``tools/get_flops.py`` and ``tools/benchmark.py``.
+:func:`count` is the counter of ``tools/get_flops.py`` and ``dev/benchmark.py``.
 
 ConvFFN's memory-efficient Function runs only in a training forward that records gradients,
 never under tracing, so the counters see its standard ops (the depth-wise conv and the

@@ -6,9 +6,13 @@ never fails because one of the three is absent. Registering into the scoped regi
 (not mmengine's root) makes ``type='PaCaViT'`` resolve in every scope and also with a
 scope prefix, e.g. ``type='mmdet.PaCaViT'`` from an mmseg config. It also installs safe
 checkpoint loading into mmengine (:func:`paca_mm.checkpoint.install_safe_checkpoint_loading`).
+:func:`get_scope` / :func:`register_toolbox_modules` tell which toolbox a config uses and
+register that toolbox's own modules, as its tools do.
 """
 import importlib
 from typing import Dict, List
+
+TOOLBOXES = ('mmseg', 'mmdet', 'mmpretrain')
 
 # toolbox -> names registered there (filled by register_all)
 REGISTERED: Dict[str, List[str]] = {}
@@ -24,7 +28,10 @@ def _registry(toolbox: str, name: str):
     return getattr(module, name)
 
 
-def _register(toolbox: str, registry_name: str, module, names=None):
+def register(toolbox: str, registry_name: str, module, names=None):
+    """Register ``module`` (under ``names``, default its class name) into
+    ``<toolbox>.registry.<registry_name>``; skipped when the toolbox or ``module`` is
+    missing (None)."""
     registry = _registry(toolbox, registry_name)
     if registry is None or module is None:  # toolbox (or the part `module` needs) missing
         return
@@ -38,33 +45,47 @@ def register_all():
     """Register every paca_mm component into the toolboxes that are installed."""
     from .models.backbones import PaCaViT
     for toolbox in ('mmpretrain', 'mmdet', 'mmseg'):
-        _register(toolbox, 'MODELS', PaCaViT)
+        register(toolbox, 'MODELS', PaCaViT)
     from .hooks import PaCaClusterVisHook  # heatmaps
     for toolbox in ('mmengine', 'mmpretrain', 'mmdet', 'mmseg'):
-        _register(toolbox, 'HOOKS', PaCaClusterVisHook)
+        register(toolbox, 'HOOKS', PaCaClusterVisHook)
     from .models.decode_heads import PaCaEncoderDecoder, PaCaHead  # None without mmseg
-    _register('mmseg', 'MODELS', PaCaHead, names=['PaCaHead', 'PaCaSegHead'])
-    _register('mmseg', 'MODELS', PaCaEncoderDecoder)
-    from .datasets.synthetic_cls import SyntheticClsDataset  # None without mmpretrain
-    _register('mmpretrain', 'DATASETS', SyntheticClsDataset,
-              names=['SyntheticClsDataset', 'PaCaSyntheticCls'])
-    # mmdet's CocoDataset / mmseg's BaseSegDataset whose bad-file errors name file + dataset
-    from .datasets.synthetic_coco import SyntheticCocoDataset  # None without mmdet
-    _register('mmdet', 'DATASETS', SyntheticCocoDataset,
-              names=['SyntheticCocoDataset', 'PaCaSyntheticCoco'])
-    from .datasets.synthetic_seg import SyntheticSegDataset  # None without mmseg
-    _register('mmseg', 'DATASETS', SyntheticSegDataset,
-              names=['SyntheticSegDataset', 'PaCaSyntheticSeg'])
-    from .utils.cpu_wrappers import CPUAmpOptimWrapper, CPUDistributedDataParallel  # tools, CPU
-    _register('mmengine', 'OPTIM_WRAPPERS', CPUAmpOptimWrapper)
-    _register('mmengine', 'MODEL_WRAPPERS', CPUDistributedDataParallel)
-    from .utils.rng_hook import RNGStateHook  # tools/train.py: exact --resume
-    _register('mmengine', 'HOOKS', RNGStateHook)
-    from .utils.compile_hook import EagerOptimizerStepHook  # tools/train.py with compile
-    _register('mmengine', 'HOOKS', EagerOptimizerStepHook)
+    register('mmseg', 'MODELS', PaCaHead, names=['PaCaHead', 'PaCaSegHead'])
+    register('mmseg', 'MODELS', PaCaEncoderDecoder)
+    from .engine.cpu import CPUAmpOptimWrapper, CPUDistributedDataParallel  # tools, CPU
+    register('mmengine', 'OPTIM_WRAPPERS', CPUAmpOptimWrapper)
+    register('mmengine', 'MODEL_WRAPPERS', CPUDistributedDataParallel)
+    from .hooks import EagerOptimizerStepHook, RNGStateHook  # tools/train.py
+    register('mmengine', 'HOOKS', RNGStateHook)  # exact --resume
+    register('mmengine', 'HOOKS', EagerOptimizerStepHook)  # with compile
+    from .engine import checkpoints  # noqa: F401  (the atomic checkpoint file backend)
     # checkpoints: weights-only + the Runner allow-list in mmengine's CheckpointLoader and
     # torch.load (the toolboxes' own tools/test.py, load_from, --resume, init_model ...)
     from .checkpoint import install_safe_checkpoint_loading
     install_safe_checkpoint_loading()
     from .flops import install_flop_handles  # mmengine's FLOP counters: attention MACs
     install_flop_handles()
+
+
+def get_scope(cfg) -> str:
+    """The config's ``default_scope``; raises ValueError if missing or not a toolbox."""
+    scope = cfg.get('default_scope')
+    if scope is None:
+        raise ValueError(
+            "the config sets no default_scope; add default_scope='mmseg' (or 'mmdet', "
+            "'mmpretrain') so the tools know which toolbox's modules to use")
+    if scope not in TOOLBOXES:
+        raise ValueError(f'default_scope must be one of {TOOLBOXES}, got {scope!r}')
+    return scope
+
+
+def register_toolbox_modules(cfg) -> str:
+    """Register every module of the toolbox named by ``cfg.default_scope`` (as the
+    toolboxes' own tools do) plus paca_mm's; returns the scope."""
+    scope = get_scope(cfg)  # paca_mm's own modules: registered by `import paca_mm`
+    try:
+        utils = importlib.import_module(f'{scope}.utils')
+    except ImportError as e:
+        raise ImportError(f'default_scope={scope!r} but {scope} cannot be imported: {e}') from e
+    utils.register_all_modules(init_default_scope=False)
+    return scope

@@ -1,7 +1,14 @@
 import contextlib
 import os
+import sys
 
 import torch
+
+# The demo package (demo/: generated datasets, demo configs) is not part of paca_mm: the
+# repository root makes it importable (the tools' subprocesses add it themselves).
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.append(ROOT)
 
 # Keep CPU tests predictable on the 2-core CI machine (dev/mutation_test.py runs its jobs
 # on one thread each through PACA_MM_TEST_THREADS=1).

@@ -30,11 +30,11 @@ import torch
 from mmengine.config import Config
 
 import paca_mm  # noqa: F401
-from paca_mm.utils import atomic_backend
-from paca_mm.utils.atomic_backend import (ATOMIC_BACKEND, AtomicLocalBackend,
-                                          stale_temporary_files)
-from paca_mm.utils.runtime import (check_resume_checkpoint, checkpoint_problem,
-                                   use_atomic_checkpoints)
+from paca_mm import fileio
+from paca_mm.engine.checkpoints import (ATOMIC_BACKEND, AtomicLocalBackend,
+                                        check_resume_checkpoint, checkpoint_problem,
+                                        use_atomic_checkpoints)
+from paca_mm.fileio import stale_temporary_files
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DATA = osp.join(ROOT, 'tests', 'data')
@@ -85,7 +85,7 @@ def test_atomic_backend_keeps_old_file_when_write_fails(tmp_path, monkeypatch):
     backend.put_text('old/iter_2.pth', text_target)
     assert target.read_bytes() == b'old checkpoint'
 
-    _plant_failing_open(monkeypatch, atomic_backend)
+    _plant_failing_open(monkeypatch, fileio)
     with pytest.raises(OSError, match='planted'):
         backend.put(b'N' * 1000, target)
     with pytest.raises(OSError, match='planted'):
@@ -111,13 +111,57 @@ def test_atomic_backend_keeps_old_file_when_write_fails(tmp_path, monkeypatch):
     # a successful write replaces the file; an interruption (not an Exception) cleans up
     backend.put(b'new checkpoint', target)
     assert target.read_bytes() == b'new checkpoint'
-    monkeypatch.setattr(atomic_backend.os, 'fsync', lambda fd: (_ for _ in ()).throw(
+    monkeypatch.setattr(fileio.os, 'fsync', lambda fd: (_ for _ in ()).throw(
         KeyboardInterrupt()))
     with pytest.raises(KeyboardInterrupt):
         backend.put(b'X' * 100, target)
     monkeypatch.undo()
     assert target.read_bytes() == b'new checkpoint'
     assert stale_temporary_files(str(tmp_path)) == []
+
+
+def test_atomic_path_for_writers_that_take_a_file_name(tmp_path):
+    """fileio.atomic_path (ONNX export): the target appears only once the block succeeded."""
+    from paca_mm.fileio import atomic_path
+    target = tmp_path / 'sub' / 'model.onnx'
+    with atomic_path(target) as tmp:
+        assert osp.dirname(tmp) == str(target.parent) and not target.exists()
+        with open(tmp, 'wb') as f:
+            f.write(b'first')
+    assert target.read_bytes() == b'first'
+    with pytest.raises(RuntimeError, match='export failed'):
+        with atomic_path(target) as tmp:
+            with open(tmp, 'wb') as f:
+                f.write(b'half')
+            raise RuntimeError('export failed')
+    assert target.read_bytes() == b'first' and os.listdir(target.parent) == ['model.onnx']
+    with pytest.raises(FileNotFoundError):  # a writer that wrote nothing is an error
+        with atomic_path(tmp_path / 'empty.onnx'):
+            pass
+    assert not (tmp_path / 'empty.onnx').exists()
+
+
+def test_every_file_writer_goes_through_fileio(tmp_path, monkeypatch):
+    """The converter's save, the ONNX export and the visualisation PNGs write atomically."""
+    import numpy as np
+
+    from paca_mm import fileio
+    from paca_mm.checkpoint import save_checkpoint_atomic
+    from paca_mm.visualization import save_image
+    written = []
+    real = fileio.atomic_path
+
+    def spy(filepath):
+        written.append(osp.basename(str(filepath)))
+        return real(filepath)
+
+    monkeypatch.setattr(fileio, 'atomic_path', spy)
+    save_checkpoint_atomic({'w': torch.ones(2)}, str(tmp_path / 'a.pth'))
+    save_image(str(tmp_path / 'b.png'), np.zeros((4, 4, 3), np.uint8))
+    assert written == ['a.pth', 'b.png']
+    assert torch.equal(torch.load(str(tmp_path / 'a.pth'), weights_only=True)['w'], torch.ones(2))
+    import cv2
+    assert cv2.imread(str(tmp_path / 'b.png')).shape == (4, 4, 3)
 
 
 def test_mmengine_save_checkpoint_through_atomic_backend(tmp_path):
@@ -199,7 +243,7 @@ def _ok(proc, out):
 
 @pytest.fixture(scope='module')
 def tiny_data(tmp_path_factory):
-    from paca_mm.datasets.synthetic_seg import generate_synthetic_seg
+    from demo.datasets.synthetic_seg import generate_synthetic_seg
     root = tmp_path_factory.mktemp('atomic_seg_data')
     return generate_synthetic_seg(str(root), num_train=4, num_val=2, size=(32, 32), seed=0)
 

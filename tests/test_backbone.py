@@ -393,11 +393,11 @@ def test_smoke_demo_runs(capsys):
     import runpy
     import sys
     argv = sys.argv
-    sys.argv = ['smoke_demo.py', '--sizes', '64x96', '33x47']
+    sys.argv = ['smoke.py', '--sizes', '64x96', '33x47']
     try:
         import os.path as osp
         root = osp.dirname(osp.dirname(osp.abspath(__file__)))
-        runpy.run_path(osp.join(root, 'tools', 'smoke_demo.py'), run_name='__main__')
+        runpy.run_path(osp.join(root, 'demo', 'smoke.py'), run_name='__main__')
     finally:
         sys.argv = argv
     out = capsys.readouterr().out

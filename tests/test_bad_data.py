@@ -1,5 +1,5 @@
 """A corrupt or missing file in the demo datasets gives an error that names the file and the
-dataset (paca_mm/datasets/bad_data.py), built from the demo configs as a user would.
+dataset (demo/datasets/bad_data.py), built from the demo configs as a user would.
 
 Before: mmcv raised ``AssertionError: failed to load image: PATH`` or ``FileNotFoundError``
 without the dataset, and a corrupt label map ``cannot identify image file <_io.BytesIO ...>``
@@ -14,10 +14,10 @@ from mmengine.config import Config
 from mmengine.registry import init_default_scope
 
 import paca_mm  # noqa: F401  (registers the demo datasets)
-from paca_mm.datasets.bad_data import BadDataError, CorruptDataFileError, MissingDataFileError
+from demo.datasets.bad_data import BadDataError, CorruptDataFileError, MissingDataFileError
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-DEMO = osp.join(ROOT, 'configs', 'demo')
+DEMO = osp.join(ROOT, 'demo', 'configs')
 # kind -> (toolbox scope, demo config, dataset class name)
 KINDS = {
     'cls': ('mmpretrain', 'paca_tiny_synthetic_cls.py', 'SyntheticClsDataset'),
@@ -30,15 +30,15 @@ CLS_ARGS = dict(num_classes=2, train_per_class=2, val_per_class=1, img_size=16, 
 def _generate(kind, root):
     """The tiny demo data under ``root``; returns the files of sample 0 (role -> path)."""
     if kind == 'cls':
-        from paca_mm.datasets.synthetic_cls import generate_synthetic_cls
+        from demo.datasets.synthetic_cls import generate_synthetic_cls
         generate_synthetic_cls(root, **CLS_ARGS)
         return dict(img=osp.join(root, 'train', 'class_0', '000000.png'))
     if kind == 'det':
-        from paca_mm.datasets.synthetic_coco import generate_synthetic_coco
+        from demo.datasets.synthetic_coco import generate_synthetic_coco
         generate_synthetic_coco(root, num_train=2, num_val=1, image_size=(48, 48),
                                 object_size=(12, 24))
         return dict(img=osp.join(root, 'train', '000000.png'))
-    from paca_mm.datasets.synthetic_seg import generate_synthetic_seg
+    from demo.datasets.synthetic_seg import generate_synthetic_seg
     generate_synthetic_seg(root, num_train=2, num_val=1, size=(32, 32))
     return dict(img=osp.join(root, 'images', 'training', '000000.png'),
                 seg=osp.join(root, 'annotations', 'training', '000000.png'))

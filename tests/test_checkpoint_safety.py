@@ -390,7 +390,7 @@ def test_toolbox_scripts_after_import_paca_mm(tmp_path):
 
 @pytest.fixture(scope='module')
 def tiny_seg_data(tmp_path_factory):
-    from paca_mm.datasets.synthetic_seg import generate_synthetic_seg
+    from demo.datasets.synthetic_seg import generate_synthetic_seg
     root = tmp_path_factory.mktemp('safety_seg_data')
     return generate_synthetic_seg(str(root), num_train=2, num_val=1, size=(32, 32), seed=0)
 
@@ -434,7 +434,7 @@ def test_getattr_stand_in_allows_public_history_buffer_methods_only():
 
     from mmengine.logging import HistoryBuffer
 
-    from paca_mm.checkpoint import _history_buffer_getattr
+    from paca_mm.checkpoint.loading import _history_buffer_getattr
     assert _history_buffer_getattr(HistoryBuffer, 'mean') is HistoryBuffer.__dict__['mean']
     for obj, name in [(dict, 'update'), (np.ndarray, 'mean'), (HistoryBuffer, '__init__'),
                       (HistoryBuffer, 'no_such_method'), (HistoryBuffer, 1)]:
@@ -445,7 +445,7 @@ def test_getattr_stand_in_allows_public_history_buffer_methods_only():
 def test_refusal_description():
     """What a refused load reports: the refused global, or for a file that refused
     nothing (corrupt), the first line of torch's message, at most 300 characters."""
-    from paca_mm.checkpoint import _refused
+    from paca_mm.checkpoint.loading import _refused
     assert _refused('Weights only load failed ... GLOBAL os.system was not an allowed '
                     'global by default') == ('the global os.system', True)
     assert _refused('Weights only load failed.\nWeightsUnpickler error: Unsupported '
@@ -460,12 +460,12 @@ def test_trusted_load_warns(tmp_path, monkeypatch):
     """Loading with the opt-in says so, as a warning."""
     import logging
 
-    from paca_mm import checkpoint
+    from paca_mm.checkpoint import loading
     path, marker = _payload(tmp_path, 'meta')
     logged = []
-    monkeypatch.setattr(checkpoint, 'print_log',
+    monkeypatch.setattr(loading, 'print_log',
                         lambda msg, logger=None, level=logging.INFO: logged.append((msg, level)))
-    checkpoint.safe_torch_load(str(path), trust=True)
+    loading.safe_torch_load(str(path), trust=True)
     assert marker.exists()  # the payload ran: that is what trusting means
     assert [lv for msg, lv in logged if 'trusted checkpoint' in msg] == [logging.WARNING]
 
@@ -478,7 +478,7 @@ def test_download_in_a_distributed_run(tmp_path, monkeypatch, rank):
     import torch.distributed
     import torch.hub
 
-    from paca_mm.checkpoint import _download
+    from paca_mm.checkpoint.loading import _download
     events = []
 
     def download(url, dst, progress=True):

@@ -19,16 +19,16 @@ from mmengine.registry import init_default_scope  # noqa: E402
 
 import paca_mm  # noqa: E402,F401
 from paca_mm.checkpoint import convert_official_to_classifier  # noqa: E402
-from paca_mm.datasets.synthetic_cls import (SyntheticClsDataset,  # noqa: E402
+from demo.datasets.synthetic_cls import (SyntheticClsDataset,  # noqa: E402
                                             class_names, generate_synthetic_cls)
 from paca_mm.models.backbones import PaCaViT  # noqa: E402
-from paca_mm.utils import CPUAmpOptimWrapper, adapt_cfg_to_device  # noqa: E402
+from paca_mm.engine.cpu import CPUAmpOptimWrapper, adapt_cfg_to_device  # noqa: E402
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 IMNET_DIR = osp.join(ROOT, 'configs', 'paca_vit_imagenet')
-DEMO_CFG = osp.join(ROOT, 'configs', 'demo', 'paca_tiny_synthetic_cls.py')
+DEMO_CFG = osp.join(ROOT, 'demo', 'configs', 'paca_tiny_synthetic_cls.py')
 
-# spec §3.3: parameters with the 1000-class head (exact integers), drop path of the recipe
+# parameters with the 1000-class head (exact integers, official code), drop path of the recipe
 EXPECTED = {
     'pacavit_tiny_p2cconv_100_0': (12_200_680, 0.1, False),
     'pacavit_small_p2cconv_100_0': (22_037_704, 0.1, False),
@@ -70,7 +70,7 @@ def test_imagenet_config_recipe_and_build(path):
     cfg = Config.fromfile(path)
     assert cfg.default_scope == 'mmpretrain'
     assert cfg.custom_imports == dict(imports=['paca_mm'], allow_failed_imports=False)
-    # spec §7.1 / paper Table 5
+    # paper Table 5
     opt = cfg.optim_wrapper
     assert opt.type == 'AmpOptimWrapper'
     assert opt.optimizer.type == 'AdamW' and opt.optimizer.lr == 5e-4

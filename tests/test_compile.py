@@ -25,7 +25,7 @@ from paca_mm.visualization.inference import build_model
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CONFIG = osp.join(ROOT, 'tests', 'data', 'tools_tiny_seg.py')
-SEG = osp.join(ROOT, 'configs', 'demo', 'pacahead_tiny_synthetic_seg.py')
+SEG = osp.join(ROOT, 'demo', 'configs', 'pacahead_tiny_synthetic_seg.py')
 ARCH = dict(embed_dims=(16, 24, 32, 40), depths=(1, 2, 1, 1), num_heads=(1, 2, 2, 4))
 
 
@@ -67,7 +67,7 @@ def test_training_through_mmengine_compile(tmp_path, load_tool):
     from torch._dynamo.utils import counters
 
     from paca_mm.checkpoint import load_checkpoint_file
-    from paca_mm.datasets.synthetic_seg import generate_synthetic_seg
+    from demo.datasets.synthetic_seg import generate_synthetic_seg
     root = generate_synthetic_seg(str(tmp_path / 'data'), num_train=4, num_val=2,
                                   size=(32, 32), seed=0)
     # paramwise_cfg: per-parameter groups, which mmengine makes ConfigDicts; traced, the
@@ -106,8 +106,8 @@ def test_eager_optimizer_step_hook():
     from mmengine.config import Config, ConfigDict
     from mmengine.optim import OptimWrapperDict, build_optim_wrapper
 
-    from paca_mm.utils.compile_hook import EagerOptimizerStepHook
-    from paca_mm.utils.runtime import add_eager_optimizer_step_hook
+    from paca_mm.engine.compile import add_eager_optimizer_step_hook
+    from paca_mm.hooks import EagerOptimizerStepHook
     cfg = Config.fromfile(CONFIG)
     assert add_eager_optimizer_step_hook(cfg) == [] and not cfg.get('custom_hooks')
     cfg.compile = dict(disable=True)
@@ -176,12 +176,12 @@ def test_warning_for_compiled_cpu_attention_before_torch_23(monkeypatch, version
                                                             compile_cfg, warns):
     from mmengine.config import Config
 
-    from paca_mm.utils import runtime
+    from paca_mm.engine.compile import compiled_cpu_attention_torch_bug
     monkeypatch.setattr(torch, '__version__', version)
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: cuda)
     cfg = Config.fromfile(CONFIG)
     cfg.compile = compile_cfg
-    msg = runtime.compiled_cpu_attention_torch_bug(cfg)
+    msg = compiled_cpu_attention_torch_bug(cfg)
     assert bool(msg) == warns
     assert not warns or ('#121174' in msg and version in msg and 'aot_eager' in msg)
 
@@ -189,7 +189,7 @@ def test_warning_for_compiled_cpu_attention_before_torch_23(monkeypatch, version
 def test_warning_for_compiled_adam_at_lr_zero():
     from mmengine.config import Config
 
-    from paca_mm.utils.runtime import compiled_adam_lr_zero
+    from paca_mm.engine.compile import compiled_adam_lr_zero
     cfg = Config.fromfile(CONFIG)  # AdamW, PolyLR to eta_min=0
     assert compiled_adam_lr_zero(cfg) is None  # no compile
     cfg.compile = True
@@ -220,7 +220,7 @@ def test_compile_static_shapes(compile_cfg, expected, says):
     (pytorch/pytorch#172204; Mask R-CNN's multi-scale training stopped in iteration 3)."""
     from mmengine.config import Config
 
-    from paca_mm.utils.runtime import compile_static_shapes
+    from paca_mm.engine.compile import compile_static_shapes
     cfg = Config.fromfile(CONFIG)
     cfg.compile = compile_cfg
     notes, warnings = compile_static_shapes(cfg)
@@ -231,7 +231,7 @@ def test_compile_static_shapes(compile_cfg, expected, says):
 
 def test_train_tool_compiles_static_shapes(monkeypatch, tmp_path, load_tool):
     """tools/train.py hands the Runner compile.dynamic=False."""
-    from paca_mm.utils import runtime
+    from paca_mm.engine import args as engine_args
 
     class Built(Exception):
         pass
@@ -242,7 +242,7 @@ def test_train_tool_compiles_static_shapes(monkeypatch, tmp_path, load_tool):
         seen['compile'] = cfg.compile
         raise Built
 
-    monkeypatch.setattr(runtime, 'build_runner', build_runner)
+    monkeypatch.setattr(engine_args, 'build_runner', build_runner)
     with pytest.raises(Built):
         load_tool('train').main([CONFIG, '--work-dir', str(tmp_path), '--cfg-options',
                                  'compile=True'])

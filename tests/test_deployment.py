@@ -3,6 +3,7 @@ Runtime against PyTorch: the backbone (every clustering kind, the teacher, plain
 attention), the mmseg segmentor with PaCaHead and with UperNet, the mmpretrain classifier,
 and the mmdet detector's backbone + neck; all with dynamic N, H, W, at sizes that are not
 multiples of 32."""
+import os
 import os.path as osp
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from paca_mm.models.backbones.paca_vit import PaCaViT
 from paca_mm.visualization.inference import build_model
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-DEMO = osp.join(ROOT, 'configs', 'demo')
+DEMO = osp.join(ROOT, 'demo', 'configs')
 SEG = osp.join(DEMO, 'pacahead_tiny_synthetic_seg.py')
 CLS = osp.join(DEMO, 'paca_tiny_synthetic_cls.py')
 DET = osp.join(DEMO, 'mask_rcnn_tiny_synthetic_coco.py')
@@ -40,6 +41,7 @@ def test_backbone_onnx_matches_pytorch(tmp_path, kwargs):
     out = str(tmp_path / 'backbone.onnx')
     names = export_onnx(model, out, 'backbone', shape=SHAPES[0][1:])
     assert names == ['feat0', 'feat1', 'feat2', 'feat3']
+    assert os.listdir(tmp_path) == ['backbone.onnx']  # atomic: no temporary file left
     report = check_onnx(model, out, 'backbone', SHAPES, rtol=1e-4)
     assert [r['shape'][2:] for r in report] == [s[1:] for s in SHAPES]
     assert max(max(r['errors'].values()) for r in report) < 1e-4

@@ -1,4 +1,4 @@
-"""Detection configs: every Mask R-CNN config loads, follows the recipe of spec 7.2 (fp16 AMP
+"""Detection configs: every Mask R-CNN config loads, follows the official recipe (fp16 AMP
 as the official runs were launched), its optimizer wrapper builds the way the Runner builds it
 after our tools' CPU adaptation, and its detector builds and runs (tensor mode; loss mode for
 three of them) on a tiny CPU input."""
@@ -13,11 +13,12 @@ from mmengine.optim import AmpOptimWrapper, build_optim_wrapper
 
 import paca_mm  # noqa: F401
 from paca_mm.models.backbones.paca_vit import PRESETS, resolve_preset
-from paca_mm.utils import CPUAmpOptimWrapper, adapt_cfg_to_device, apply_train_args
+from paca_mm.engine.args import apply_train_args
+from paca_mm.engine.cpu import CPUAmpOptimWrapper, adapt_cfg_to_device
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DET_CONFIGS = sorted(glob.glob(osp.join(ROOT, 'configs', 'mask_rcnn', '*.py')))
-DEMO_CONFIG = osp.join(ROOT, 'configs', 'demo', 'mask_rcnn_tiny_synthetic_coco.py')
+DEMO_CONFIG = osp.join(ROOT, 'demo', 'configs', 'mask_rcnn_tiny_synthetic_coco.py')
 # the models of paper Tables 2 and 4
 EXPECTED = {
     'pacavit_tiny_p2cconv_100_0', 'pacavit_small_p2cconv_100_0', 'pacavit_base_p2cconv_100_0',
@@ -181,7 +182,7 @@ def test_loss_and_backward(name):
 
 
 def test_demo_config():
-    from paca_mm.datasets.synthetic_coco import CLASSES
+    from demo.datasets.synthetic_coco import CLASSES
     cfg = Config.fromfile(DEMO_CONFIG)
     assert tuple(cfg.classes) == CLASSES
     assert cfg.model.backbone.arch == 'pacavit_tiny_p2cconv_100_0'
@@ -198,7 +199,7 @@ def test_demo_config():
 
 
 def test_pretrained_checkpoint_is_loaded_in_init_weights(tmp_path):
-    """The backbone's init_cfg checkpoint survives the detector's init_weights (spec 5.2)."""
+    """The backbone's init_cfg checkpoint survives the detector's init_weights."""
     from paca_mm.models.backbones import PaCaViT
     path = osp.join(ROOT, 'configs', 'mask_rcnn',
                     'mask_rcnn_pacavit_tiny_p2cconv_100_0_mstrain_480_800_1x_coco.py')

@@ -7,7 +7,7 @@ import os.path as osp
 import numpy as np
 import pytest
 
-from paca_mm.datasets.synthetic_coco import (CLASSES, decode_rle, encode_rle,
+from demo.datasets.synthetic_coco import (CLASSES, decode_rle, encode_rle,
                                              generate_synthetic_coco)
 
 
@@ -66,7 +66,7 @@ def test_demo_roi_features_do_not_depend_on_memory_format():
     import paca_mm  # noqa: F401
     from mmdet.registry import MODELS
     cfg = Config.fromfile(osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))),
-                                   'configs', 'demo', 'mask_rcnn_tiny_synthetic_coco.py'))
+                                   'demo', 'configs', 'mask_rcnn_tiny_synthetic_coco.py'))
     init_default_scope('mmdet')
     torch.manual_seed(0)
     width = cfg.model.neck.out_channels
@@ -84,7 +84,7 @@ def test_demo_roi_features_do_not_depend_on_memory_format():
 def test_demo_trains_and_beats_untrained(tmp_path):
     """A shortened `make demo` detection run (tools/train.py + tools/test.py, ~2 min on
     2 cores) gives COCO bbox and segm AP clearly above the untrained detector's."""
-    from paca_mm.demo import det
+    from demo import det
     res = det.run(str(tmp_path / 'det'), iters=150, data_root=str(tmp_path / 'data'),
                   num_train=120, num_val=24, baseline=True, threads=2, timeout=600)
     trained, untrained = res['metrics'], res['metrics_untrained']

@@ -99,7 +99,7 @@ def test_converter_adapts_clusters_and_checks_arch(tmp_path, load_tool):
     assert code == 0, err
     out = torch.load(dst, weights_only=True)['state_dict']
     PaCaViT(arch='tiny', num_clusters=(200, 200, 200, 0)).load_state_dict(out, strict=True)
-    assert not [f for f in os.listdir(dst.parent) if f.startswith('.tmp_')]  # atomic write
+    assert os.listdir(dst.parent) == ['tiny_200.pth']  # atomic write: no temporary file left
     # classifier layout
     code, err = convert(src, tmp_path / 'cls.pth', '--to', 'classifier', '--arch', 'tiny')
     assert code == 0, err
@@ -155,7 +155,7 @@ def test_extract_backbone_prefix():
 
 def test_key_lists_in_messages_are_capped():
     """Long key lists in load reports show the first 20 and how many more there are."""
-    from paca_mm.checkpoint import _fmt
+    from paca_mm.checkpoint.convert import _fmt
     assert _fmt(range(20)) == '\n    ' + '\n    '.join(map(str, range(20)))
     assert _fmt(range(23)) == '\n    ' + '\n    '.join(map(str, range(20))) + \
         ' ... and 3 more'

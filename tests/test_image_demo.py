@@ -13,14 +13,14 @@ import paca_mm  # noqa: E402,F401
 from paca_mm.visualization.inference import build_model  # noqa: E402
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-SEG_CFG = osp.join(ROOT, 'configs', 'demo', 'pacahead_tiny_synthetic_seg.py')
-CLS_CFG = osp.join(ROOT, 'configs', 'demo', 'paca_tiny_synthetic_cls.py')
+SEG_CFG = osp.join(ROOT, 'demo', 'configs', 'pacahead_tiny_synthetic_seg.py')
+CLS_CFG = osp.join(ROOT, 'demo', 'configs', 'paca_tiny_synthetic_cls.py')
 OWN_DET_CFG = osp.join(ROOT, 'tests', 'data', 'image_demo_tiny_mask_rcnn.py')
 
 
 def _det_cfg():
-    """The detection demo config of configs/demo if there is one, else the test's own."""
-    found = sorted(f for f in glob.glob(osp.join(ROOT, 'configs', 'demo', '*.py'))
+    """The detection demo config of demo/configs if there is one, else the test's own."""
+    found = sorted(f for f in glob.glob(osp.join(ROOT, 'demo', 'configs', '*.py'))
                    if 'rcnn' in osp.basename(f) or 'coco' in osp.basename(f))
     return found[0] if found else OWN_DET_CFG
 

@@ -18,7 +18,7 @@ import paca_mm  # noqa: F401
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 METAFILES = sorted(glob.glob(osp.join(ROOT, 'configs', '*', 'metafile.yml')))
 # config folders that are not model-zoo entries
-NOT_ZOO = {'_base_', 'demo'}
+NOT_ZOO = {'_base_'}
 
 
 def _load(path):
@@ -95,7 +95,7 @@ def _build(config):
     from mmengine.registry import MODELS as ROOT_MODELS
     from mmengine.registry import init_default_scope
 
-    from paca_mm.utils.runtime import register_toolbox_modules
+    from paca_mm.registry import register_toolbox_modules
     cfg = Config.fromfile(osp.join(ROOT, config))
     init_default_scope(register_toolbox_modules(cfg))
     model_cfg = copy.deepcopy(cfg.model)

@@ -1,5 +1,5 @@
 """The code must stay valid Python 3.8 (torch 2.1's oldest Python, setup.py's
-``python_requires``): vermin checks every file of paca_mm/, tools/, configs/, tests/ and
+``python_requires``): vermin checks every file of paca_mm/, demo/, tools/, configs/, tests/ and
 setup.py for syntax, modules, functions and annotations newer than 3.8."""
 import os.path as osp
 import shutil
@@ -9,7 +9,7 @@ import sys
 import pytest
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-PATHS = ['paca_mm', 'tools', 'configs', 'tests', 'setup.py']
+PATHS = ['paca_mm', 'demo', 'tools', 'configs', 'tests', 'setup.py']
 # union-types: vermin's heuristic detection of `X | Y` (off by default; no false alarm here)
 OPTIONS = ['-t=3.8-', '--no-tips', '--violations', '--eval-annotations', '--no-parse-comments',
            '--feature', 'union-types']

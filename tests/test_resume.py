@@ -1,8 +1,8 @@
 """Resume after a real interruption gives the same weights as an uninterrupted run.
 
-For each CPU demo, the segmentation one (configs/demo/pacahead_tiny_synthetic_seg.py:
+For each CPU demo, the segmentation one (demo/configs/pacahead_tiny_synthetic_seg.py:
 PaCa-Tiny + PaCa head, random flips/crops/resizes, dropout 0.1) and the detection one
-(configs/demo/mask_rcnn_tiny_synthetic_coco.py: PaCa-Tiny Mask R-CNN, random flips and
+(demo/configs/mask_rcnn_tiny_synthetic_coco.py: PaCa-Tiny Mask R-CNN, random flips and
 multi-scale resizes, a data-loader worker process, RPN/RoI sampling), training runs on a
 small synthetic set for 4 iterations with a checkpoint every 2, in deterministic mode with
 seed 0:
@@ -30,9 +30,9 @@ import torch
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DATA = osp.join(ROOT, 'tests', 'data')
 DEMOS = {
-    'seg': (osp.join(ROOT, 'configs', 'demo', 'pacahead_tiny_synthetic_seg.py'),
+    'seg': (osp.join(ROOT, 'demo', 'configs', 'pacahead_tiny_synthetic_seg.py'),
             osp.join(DATA, 'tools_demo_seg_pause.py')),
-    'det': (osp.join(ROOT, 'configs', 'demo', 'mask_rcnn_tiny_synthetic_coco.py'),
+    'det': (osp.join(ROOT, 'demo', 'configs', 'mask_rcnn_tiny_synthetic_coco.py'),
             osp.join(DATA, 'tools_demo_det_pause.py')),
 }
 MAX_ITERS, CKPT_EVERY = 4, 2
@@ -66,16 +66,16 @@ def _run(cmd, cwd, timeout=300):
 
 
 def _checkpoint(path):
-    from paca_mm.utils import allow_mmengine_checkpoint_globals
+    from paca_mm.checkpoint import allow_mmengine_checkpoint_globals
     allow_mmengine_checkpoint_globals()
     return torch.load(path, map_location='cpu')
 
 
 def _make_data(task, root):
     if task == 'seg':
-        from paca_mm.datasets.synthetic_seg import generate_synthetic_seg
+        from demo.datasets.synthetic_seg import generate_synthetic_seg
         return generate_synthetic_seg(root, num_train=8, num_val=1, size=(128, 128), seed=0)
-    from paca_mm.datasets.synthetic_coco import generate_synthetic_coco
+    from demo.datasets.synthetic_coco import generate_synthetic_coco
     return generate_synthetic_coco(root, num_train=8, num_val=1, seed=0)['data_root']
 
 

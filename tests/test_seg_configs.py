@@ -1,4 +1,4 @@
-"""Every segmentation config loads, builds and runs; ADE20k recipes match spec 7.3/7.4/8.3,
+"""Every segmentation config loads, builds and runs; ADE20k recipes match the official ones,
 fp16 AMP included (as the official runs were launched), and their optimizer wrappers build the
 way the Runner builds them after our tools' CPU adaptation."""
 import copy
@@ -14,15 +14,15 @@ from mmengine.registry import init_default_scope
 from mmseg.registry import MODELS
 
 import paca_mm  # noqa: F401
-from paca_mm.utils import CPUAmpOptimWrapper, adapt_cfg_to_device
+from paca_mm.engine.cpu import CPUAmpOptimWrapper, adapt_cfg_to_device
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 PACA_HEAD = sorted(glob.glob(osp.join(REPO, 'configs', 'paca_head', '*.py')))
 UPERNET = sorted(glob.glob(osp.join(REPO, 'configs', 'upernet', '*.py')))
-DEMO = sorted(glob.glob(osp.join(REPO, 'configs', 'demo', '*seg*.py')))
+DEMO = sorted(glob.glob(osp.join(REPO, 'demo', 'configs', '*seg*.py')))
 ADE = PACA_HEAD + UPERNET
 
-# Exact parameter counts (backbone with ADE20k clusters + heads), spec 3.4 / 6.2 / 7.4 / 8.3.
+# Exact parameter counts (backbone with ADE20k clusters + heads), from the official code.
 PARAMS = {
     'pacahead_pacavit_tiny_p2cconv_100_0': 13_326_764,
     # official repository only (not in the paper): convmixer tiny backbone with [200]*4
@@ -43,12 +43,13 @@ PARAMS = {
     'upernet_pacavit_small_p2cconv_100_0': 51_398_540,
     'upernet_pacavit_base_p2cconv_100_0': 77_182_732,
 }
-# ADE20k cluster override (spec 7.3): [200]*4 for these, [200, 200, 200, 0] for the others
+# ADE20k cluster override (official configs): [200]*4 for these, [200, 200, 200, 0] for the others
 CLUSTERS_200X4 = {
     'pacahead_pacavit_convmixer_tiny_100', 'pacahead_pacavit_convmixer_small_100', 'pacahead_pacavit_convmixer_base_100',
     'pacahead_pacavit_small_p2cconv_49_100', 'pacahead_pacavit_small_p2cconv_100_49',
     'pacahead_pacavit_small_p2cconv_100', 'pacahead_pacavit_small_p2cconv_100_blockwise'}
-# drop path (spec 7.3: 0.5 for base conv and base teacher with the PaCa head; 7.4: 0.1 all)
+# drop path of the official configs: 0.5 for base conv and base teacher with the PaCa
+# head; 0.1 for all with UperNet
 BASE_DROP_PATH = {'pacahead_pacavit_base_p2cconv_100_0', 'pacahead_pacavit_convmixer_base_100'}
 
 
@@ -74,7 +75,8 @@ def test_config_inventory():
 def test_config_builds_and_runs(path):
     cfg = Config.fromfile(path)
     assert cfg.default_scope == 'mmseg'
-    assert cfg.custom_imports == dict(imports=['paca_mm'], allow_failed_imports=False)
+    imports = ['paca_mm', 'demo.datasets'] if path in DEMO else ['paca_mm']
+    assert cfg.custom_imports == dict(imports=imports, allow_failed_imports=False)
     assert cfg.model.backbone.type == 'PaCaViT'
     model = build(cfg)
     model.eval()
@@ -140,7 +142,7 @@ def check_optimizer_groups(cfg, model, name):
         if 'norm' in n:  # backbone LayerNorms: no decay
             assert wd == 0, n
     if name.startswith('upernet'):
-        assert not x10  # the released UperNet recipe has no multipliers (spec 7.4)
+        assert not x10  # the released UperNet recipe has no multipliers
         return
     head = {n for n in setting if n.startswith('decode_head.')}
     assert head <= x10
@@ -210,7 +212,7 @@ def _lr_wd(model, optim_cfg):
             for g in wrapper.optimizer.param_groups for p in g['params']}
 
 
-# The optimizer rules of the official configs (spec 7.3, 7.4): substring keys only.
+# The optimizer rules of the official configs : substring keys only.
 OFFICIAL_PARAMWISE = {
     'pacahead': dict(custom_keys={'norm': dict(decay_mult=0.), 'clustering.4': dict(lr_mult=10.),
                                   'head': dict(lr_mult=10.)}),

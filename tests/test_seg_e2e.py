@@ -7,8 +7,8 @@ import os.path as osp
 import numpy as np
 import pytest
 
-from paca_mm.datasets.synthetic_seg import CLASSES, generate_synthetic_seg, make_sample
-from paca_mm.demo.seg import run
+from demo.datasets.synthetic_seg import CLASSES, generate_synthetic_seg, make_sample
+from demo.seg import run
 
 
 def test_synthetic_seg_is_deterministic(tmp_path):

@@ -30,9 +30,9 @@ from mmengine.config import Config
 import paca_mm  # noqa: F401
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-SEG_CFG = osp.join(ROOT, 'configs', 'demo', 'pacahead_tiny_synthetic_seg.py')
-DET_CFG = osp.join(ROOT, 'configs', 'demo', 'mask_rcnn_tiny_synthetic_coco.py')
-CLS_CFG = osp.join(ROOT, 'configs', 'demo', 'paca_tiny_synthetic_cls.py')
+SEG_CFG = osp.join(ROOT, 'demo', 'configs', 'pacahead_tiny_synthetic_seg.py')
+DET_CFG = osp.join(ROOT, 'demo', 'configs', 'mask_rcnn_tiny_synthetic_coco.py')
+CLS_CFG = osp.join(ROOT, 'demo', 'configs', 'paca_tiny_synthetic_cls.py')
 IMG = 64
 SEG_CLASSES = ('background', 'disc', 'square', 'triangle')
 DET_CLASSES = ('circle', 'square', 'triangle')
@@ -167,7 +167,7 @@ def one_thread():
 # ----------------------------------------------------------------------------- mmseg
 @pytest.fixture(scope='module')
 def seg_setup(tmp_path_factory):
-    from paca_mm.datasets.synthetic_seg import generate_synthetic_seg
+    from demo.datasets.synthetic_seg import generate_synthetic_seg
     base = tmp_path_factory.mktemp('toolbox_seg')
     data = generate_synthetic_seg(str(base / 'data'), num_train=4, num_val=2,
                                   size=(IMG, IMG), seed=0)
@@ -300,7 +300,7 @@ def test_mim_test_finds_mmseg_script(seg_tested):
 # ----------------------------------------------------------------------------- mmdet
 @pytest.fixture(scope='module')
 def det_setup(tmp_path_factory):
-    from paca_mm.datasets.synthetic_coco import generate_synthetic_coco
+    from demo.datasets.synthetic_coco import generate_synthetic_coco
     base = tmp_path_factory.mktemp('toolbox_det')
     data = generate_synthetic_coco(str(base / 'data'), num_train=4, num_val=2,
                                    image_size=(IMG, IMG + 16), max_objects=2,
@@ -425,7 +425,7 @@ def test_mmpretrain_image_classification_inferencer(tmp_path, one_thread):
     from mmengine.registry import DefaultScope, init_default_scope
 
     from mmpretrain import ImageClassificationInferencer, get_model
-    from paca_mm.datasets.synthetic_cls import make_image
+    from demo.datasets.synthetic_cls import make_image
     classes = ('c0', 'c1', 'c2', 'c3')
     torch.manual_seed(0)
     model = get_model(CLS_CFG, pretrained=False)

@@ -1,4 +1,4 @@
-"""tools/train.py, tools/test.py, tools/dist_train.sh and their helpers (paca_mm.utils).
+"""tools/train.py, tools/test.py, tools/dist_train.sh and their helpers (paca_mm.engine).
 
 Fast tests check the config/CLI handling and the CPU/torch>=2.6 helpers in-process; the
 slow ones run the real tools as subprocesses on tests/data/tools_tiny_seg.py (a tiny
@@ -18,10 +18,11 @@ import torch.nn as nn
 from mmengine.config import Config
 
 import paca_mm  # noqa: F401
-from paca_mm.utils import (CPUAmpOptimWrapper, CPUDistributedDataParallel,
-                           adapt_cfg_to_device, allow_mmengine_checkpoint_globals,
-                           apply_test_args, apply_train_args, get_scope,
-                           mmengine_checkpoint_globals, register_toolbox_modules)
+from paca_mm.checkpoint import allow_mmengine_checkpoint_globals, mmengine_checkpoint_globals
+from paca_mm.engine.args import apply_test_args, apply_train_args
+from paca_mm.engine.cpu import (CPUAmpOptimWrapper, CPUDistributedDataParallel,
+                                adapt_cfg_to_device)
+from paca_mm.registry import get_scope, register_toolbox_modules
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DATA = osp.join(ROOT, 'tests', 'data')
@@ -260,7 +261,7 @@ def test_tool_cli_errors(tmp_path, monkeypatch, load_tool):
                  OMPI_COMM_WORLD_LOCAL_RANK='0', MASTER_ADDR='10.0.0.1'), (2, 3, '0', '29500')),
 ])
 def test_init_cpu_distributed_reads_launcher_env(monkeypatch, launcher, env, expected):
-    import paca_mm.utils.runtime as rt
+    import paca_mm.engine.cpu as rt
     for key in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT'):
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
@@ -281,7 +282,7 @@ def test_init_cpu_distributed_reads_launcher_env(monkeypatch, launcher, env, exp
 
 
 def test_init_cpu_distributed_missing_env(monkeypatch):
-    import paca_mm.utils.runtime as rt
+    import paca_mm.engine.cpu as rt
     monkeypatch.setattr(rt.torch.cuda, 'is_available', lambda: False)
     monkeypatch.setattr(rt.torch_dist, 'is_initialized', lambda: False)
     monkeypatch.delenv('RANK', raising=False)
@@ -296,7 +297,8 @@ def test_rng_state_hook_restores_on_resume_only():
 
     from mmengine.logging import MMLogger
 
-    from paca_mm.utils import RNGStateHook, add_rng_state_hook
+    from paca_mm.engine.checkpoints import add_rng_state_hook
+    from paca_mm.hooks import RNGStateHook
     runner = SimpleNamespace(iter=0, logger=MMLogger.get_instance('paca_mm_test_rng'))
     hook = RNGStateHook()
     torch.manual_seed(123)
@@ -355,7 +357,7 @@ def _run(cmd, cwd, timeout=300):
 
 @pytest.fixture(scope='module')
 def tiny_data(tmp_path_factory):
-    from paca_mm.datasets.synthetic_seg import generate_synthetic_seg
+    from demo.datasets.synthetic_seg import generate_synthetic_seg
     root = tmp_path_factory.mktemp('tools_seg_data')
     return generate_synthetic_seg(str(root), num_train=4, num_val=2, size=(32, 32), seed=0)
 

@@ -20,8 +20,8 @@ from paca_mm.visualization import (analyze_cluster_groups, classify,  # noqa: E4
 from paca_mm.visualization.inference import build_model  # noqa: E402
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-CLS_CFG = osp.join(ROOT, 'configs', 'demo', 'paca_tiny_synthetic_cls.py')
-SEG_CFG = osp.join(ROOT, 'configs', 'demo', 'pacahead_tiny_synthetic_seg.py')
+CLS_CFG = osp.join(ROOT, 'demo', 'configs', 'paca_tiny_synthetic_cls.py')
+SEG_CFG = osp.join(ROOT, 'demo', 'configs', 'pacahead_tiny_synthetic_seg.py')
 M = 16  # clusters per stage of the demo classifier (16, 16, 16, 0)
 
 
@@ -34,6 +34,12 @@ def classifier():
 def _raw(h=64, w=64, seed=0):
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, 256, (3, h, w), generator=g).float()
+
+
+def test_class_names_from_the_config_without_a_checkpoint(classifier):
+    """No checkpoint meta: the names come from the config's dataset, through the toolbox's
+    registry (the demo dataset derives them from num_classes; mmseg's from METAINFO)."""
+    assert classifier.dataset_meta == dict(classes=[f'class_{k}' for k in range(4)])
 
 
 def test_stage_logits_shapes_and_state(classifier):

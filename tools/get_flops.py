@@ -82,12 +82,12 @@ def build_from_config(config, cfg_options: Optional[Dict] = None) -> Tuple[nn.Mo
     from mmengine.registry import MODELS, init_default_scope
 
     from paca_mm.deployment import model_kind
-    from paca_mm.utils import runtime
+    from paca_mm.registry import register_toolbox_modules
     from paca_mm.visualization.inference import strip_pretrained
     cfg = config if isinstance(config, Config) else Config.fromfile(config)
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
-    init_default_scope(runtime.register_toolbox_modules(cfg))
+    init_default_scope(register_toolbox_modules(cfg))
     model = revert_sync_batchnorm(MODELS.build(strip_pretrained(copy.deepcopy(cfg.model))))
     return model.eval(), model_kind(model)
 

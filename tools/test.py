@@ -7,7 +7,7 @@ Semantics follow the toolbox named by the config's default_scope: ``--out`` is a
 of prediction maps for mmseg and a ``.pkl`` of predictions for mmdet and mmpretrain;
 ``--show-dir`` saves painted predictions; ``--tta`` uses the config's ``tta_model`` and
 ``tta_pipeline`` (mmdet/mmpretrain fall back to a flip TTA). CHECKPOINT is loaded
-weights-only plus what mmengine Runner checkpoints contain (see ``paca_mm/checkpoint.py``);
+weights-only plus what mmengine Runner checkpoints contain (see ``paca_mm/checkpoint/loading.py``);
 a file that pickles other objects is refused unless you trust it: ``--trust-checkpoint``
 or ``PACA_MM_TRUST_CHECKPOINTS=1``.
 Multi-process: tools/dist_test.sh, tools/slurm_test.sh.
@@ -17,16 +17,17 @@ import os
 import os.path as osp
 import sys
 
-try:
-    import paca_mm  # noqa: F401  (registers PaCaViT & co.)
-except ImportError:  # running from a checkout that is not pip-installed
-    sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
-    import paca_mm  # noqa: F401
+# from a checkout: its paca_mm when none is installed, and its demo package (the demo
+# configs import demo.datasets)
+sys.path.append(osp.dirname(osp.dirname(osp.abspath(__file__))))
+import paca_mm  # noqa: F401,E402  (registers PaCaViT & co.)
 
-from mmengine.config import Config, DictAction
+from mmengine.config import Config, DictAction  # noqa: E402
 
-from paca_mm.checkpoint import CheckpointError
-from paca_mm.utils import runtime
+from paca_mm.checkpoint import CheckpointError, trust_checkpoints  # noqa: E402
+from paca_mm.engine.args import (apply_test_args, build_runner,  # noqa: E402
+                                 run_with_checkpoint_hint, set_work_dir)
+from paca_mm.registry import get_scope  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -66,18 +67,18 @@ def main(argv=None):
     args = parse_args(argv)
     if '://' not in args.checkpoint and not osp.isfile(args.checkpoint):
         raise FileNotFoundError(f'checkpoint {args.checkpoint!r} does not exist')
-    runtime.trust_checkpoints(args.trust_checkpoint)
+    trust_checkpoints(args.trust_checkpoint)
     cfg = Config.fromfile(args.config)
     cfg.launcher = args.launcher
     if args.cfg_options is not None:
         cfg.merge_from_dict(args.cfg_options)
-    runtime.set_work_dir(cfg, args.work_dir, args.config)
-    scope = runtime.get_scope(cfg)
-    runtime.apply_test_args(cfg, scope, args.checkpoint, out=args.out, show=args.show,
-                            show_dir=args.show_dir, wait_time=args.wait_time, tta=args.tta,
-                            interval=args.interval)
-    runner = runtime.build_runner(cfg)
-    return runtime.run_with_checkpoint_hint(runner.test)
+    set_work_dir(cfg, args.work_dir, args.config)
+    scope = get_scope(cfg)
+    apply_test_args(cfg, scope, args.checkpoint, out=args.out, show=args.show,
+                    show_dir=args.show_dir, wait_time=args.wait_time, tta=args.tta,
+                    interval=args.interval)
+    runner = build_runner(cfg)
+    return run_with_checkpoint_hint(runner.test)
 
 
 if __name__ == '__main__':

@@ -7,15 +7,15 @@
 Same flags and semantics as the toolboxes' own tools/train.py. ``--resume`` alone resumes
 from the latest checkpoint in the work dir, ``--resume CKPT`` from that file. On a machine
 without CUDA: SyncBN -> BN, ``--amp`` -> bf16 autocast, distributed -> gloo (see
-``paca_mm/utils/runtime.py``). Checkpoints also keep the torch RNG state, so a resumed
-run continues the dropout/drop-path stream exactly (``paca_mm/utils/rng_hook.py``).
+``paca_mm/engine/cpu.py``). Checkpoints also keep the torch RNG state, so a resumed
+run continues the dropout/drop-path stream exactly (``paca_mm/hooks/rng_state_hook.py``).
 Checkpoints are written atomically (temporary file + ``os.replace``; ``last_checkpoint`` is
 updated after the file is complete), unless the config gives the CheckpointHook its own
 ``backend_args``. ``--resume`` checks the checkpoint first: a truncated or corrupt newest
 one is named in a warning and the newest complete one in the work dir is used; with none
 (or a broken ``--resume CKPT``) the run stops with an error naming the files.
 Checkpoints (``--resume``, ``load_from``, a backbone's ``init_cfg``) are loaded weights-only
-plus what mmengine Runner checkpoints contain (``paca_mm/checkpoint.py``); a file that
+plus what mmengine Runner checkpoints contain (``paca_mm/checkpoint/loading.py``); a file that
 pickles other objects is refused unless you trust it: ``--trust-checkpoint`` or
 ``PACA_MM_TRUST_CHECKPOINTS=1``.
 Multi-process: tools/dist_train.sh, tools/slurm_train.sh.
@@ -25,16 +25,21 @@ import os
 import os.path as osp
 import sys
 
-try:
-    import paca_mm  # noqa: F401  (registers PaCaViT & co.)
-except ImportError:  # running from a checkout that is not pip-installed
-    sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
-    import paca_mm  # noqa: F401
+# from a checkout: its paca_mm when none is installed, and its demo package (the demo
+# configs import demo.datasets)
+sys.path.append(osp.dirname(osp.dirname(osp.abspath(__file__))))
+import paca_mm  # noqa: F401,E402  (registers PaCaViT & co.)
 
-from mmengine.config import Config, DictAction
+from mmengine.config import Config, DictAction  # noqa: E402
 
-from paca_mm.checkpoint import CheckpointError
-from paca_mm.utils import runtime
+from paca_mm.checkpoint import CheckpointError, trust_checkpoints  # noqa: E402
+from paca_mm.engine.args import (apply_train_args, build_runner,  # noqa: E402
+                                 run_with_checkpoint_hint, set_work_dir)
+from paca_mm.engine.checkpoints import (add_rng_state_hook,  # noqa: E402
+                                        check_resume_checkpoint, use_atomic_checkpoints)
+from paca_mm.engine.compile import (add_eager_optimizer_step_hook,  # noqa: E402
+                                    compile_static_shapes, compiled_adam_lr_zero,
+                                    compiled_cpu_attention_torch_bug)
 
 
 def parse_args(argv=None):
@@ -69,29 +74,28 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    runtime.trust_checkpoints(args.trust_checkpoint)
+    trust_checkpoints(args.trust_checkpoint)
     cfg = Config.fromfile(args.config)
     cfg.launcher = args.launcher
     if args.cfg_options is not None:
         cfg.merge_from_dict(args.cfg_options)
-    runtime.set_work_dir(cfg, args.work_dir, args.config)
-    notes = runtime.apply_train_args(cfg, amp=args.amp, auto_scale_lr=args.auto_scale_lr,
-                                     resume=args.resume)
-    notes += runtime.add_rng_state_hook(cfg)
-    notes += runtime.add_eager_optimizer_step_hook(cfg)
-    notes += runtime.use_atomic_checkpoints(cfg)
-    static_notes, warnings = runtime.compile_static_shapes(cfg)
+    set_work_dir(cfg, args.work_dir, args.config)
+    notes = apply_train_args(cfg, amp=args.amp, auto_scale_lr=args.auto_scale_lr,
+                             resume=args.resume)
+    notes += add_rng_state_hook(cfg)
+    notes += add_eager_optimizer_step_hook(cfg)
+    notes += use_atomic_checkpoints(cfg)
+    static_notes, warnings = compile_static_shapes(cfg)
     notes += static_notes
-    warnings += runtime.check_resume_checkpoint(cfg)  # CheckpointError: nothing to resume
-    for compile_warning in (runtime.compiled_adam_lr_zero(cfg),
-                            runtime.compiled_cpu_attention_torch_bug(cfg)):
+    warnings += check_resume_checkpoint(cfg)  # CheckpointError: nothing to resume
+    for compile_warning in (compiled_adam_lr_zero(cfg), compiled_cpu_attention_torch_bug(cfg)):
         warnings += [compile_warning] if compile_warning else []
-    runner = runtime.build_runner(cfg)
+    runner = build_runner(cfg)
     for note in notes:
         runner.logger.info(note)
     for warning in warnings:
         runner.logger.warning(warning)
-    runtime.run_with_checkpoint_hint(runner.train)
+    run_with_checkpoint_hint(runner.train)
 
 
 if __name__ == '__main__':

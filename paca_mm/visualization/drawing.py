@@ -3,12 +3,13 @@
 All images here are (H, W, 3) uint8 **BGR** numpy arrays (cv2 convention); use
 ``img[..., ::-1]`` for RGB consumers (mmengine visualizer backends).
 """
-import os
 import os.path as osp
 from typing import List, Optional, Sequence
 
 import numpy as np
 import torch
+
+from ..fileio import atomic_write
 
 _FONT = 0  # cv2.FONT_HERSHEY_SIMPLEX
 
@@ -160,10 +161,11 @@ def group_figure(image: np.ndarray, groups, topk: int = 5, tile: int = 160) -> n
 
 
 def save_image(path: str, img: np.ndarray) -> str:
-    """Write a BGR uint8 image (PNG by extension); creates folders; returns the path."""
+    """Write a BGR uint8 image (format by extension, e.g. PNG) atomically
+    (:func:`paca_mm.fileio.atomic_write`); creates folders; returns the path."""
     import cv2
-    folder = osp.dirname(osp.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    if not cv2.imwrite(path, img):
-        raise OSError(f'could not write image {path!r}')
+    ok, encoded = cv2.imencode(osp.splitext(path)[1] or '.png', img)
+    if not ok:
+        raise OSError(f'could not encode image {path!r}')
+    atomic_write(encoded.tobytes(), path)
     return path

@@ -7,6 +7,7 @@ from typing import Dict, List, Optional
 import torch
 import torch.nn as nn
 
+from ..fileio import atomic_write
 from .cluster_explainer import (analyze_cluster_groups, cluster_heatmaps,
                                 stage_cluster_logits)
 from .drawing import (group_figure, heatmap_grid, overlay_heatmap, put_label, save_image,
@@ -52,6 +53,5 @@ def explain_image(model: nn.Module, raw: torch.Tensor, out_dir: str, stage: int 
         out['groups'] = save_image(osp.join(out_dir, f'stage{stage}_groups.png'),
                                    group_figure(image, result, topk=topk, tile=tile))
         out['summary'] = osp.join(out_dir, f'stage{stage}_groups.json')
-        with open(out['summary'], 'w') as f:
-            json.dump(result.summary(), f, indent=1)
+        atomic_write(json.dumps(result.summary(), indent=1), out['summary'])
     return out

@@ -16,7 +16,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .inference import build_model, config_scope, load_image
+from ..registry import get_scope
+from .inference import build_model, load_image
 
 _COUNTER = itertools.count()
 
@@ -49,7 +50,7 @@ def run_image_demo(config, checkpoint: Optional[str], image: str, out_file: str,
     :func:`paca_mm.checkpoint.load_checkpoint_file`).
     """
     model = build_model(config, checkpoint, device, cfg_options, trust=trust)
-    scope = config_scope(model.cfg)
+    scope = get_scope(model.cfg)
     os.makedirs(osp.dirname(osp.abspath(out_file)), exist_ok=True)
     meta = dict(model.dataset_meta or {})
     if scope == 'mmdet':

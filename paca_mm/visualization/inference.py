@@ -4,6 +4,7 @@ Works for mmpretrain classifiers, mmdet detectors and mmseg segmentors: the tool
 config's ``default_scope``.
 """
 import copy
+import importlib
 import os.path as osp
 from typing import Optional, Tuple, Union
 
@@ -13,7 +14,7 @@ import torch.nn as nn
 from mmengine.config import Config
 from mmengine.logging import print_log
 
-TOOLBOX_SCOPES = ('mmpretrain', 'mmdet', 'mmseg')
+from ..registry import get_scope
 
 
 def load_config(config: Union[str, Config], cfg_options: Optional[dict] = None) -> Config:
@@ -25,31 +26,14 @@ def load_config(config: Union[str, Config], cfg_options: Optional[dict] = None) 
     return cfg
 
 
-def config_scope(cfg: Config) -> str:
-    """The config's toolbox scope ('mmpretrain' | 'mmdet' | 'mmseg')."""
-    scope = cfg.get('default_scope', None)
-    if scope not in TOOLBOX_SCOPES:
-        raise ValueError(f'config default_scope must be one of {TOOLBOX_SCOPES}, got {scope!r}')
-    return scope
-
-
 def strip_pretrained(model_cfg):
-    """Drop backbone/model pretrained loading: the full checkpoint is loaded afterwards."""
+    """Drop backbone/model pretrained loading (in place; returned): the full checkpoint is
+    loaded afterwards, or the model is measured with its random init."""
     if isinstance(model_cfg.get('backbone'), dict):
         model_cfg['backbone']['init_cfg'] = None
     if 'pretrained' in model_cfg:
         model_cfg['pretrained'] = None
     return model_cfg
-
-
-def _state_dict_of(ckpt: dict) -> dict:
-    sd = ckpt
-    for key in ('state_dict', 'model'):
-        if isinstance(sd, dict) and isinstance(sd.get(key), dict) and \
-                not any(torch.is_tensor(v) for v in sd.values()):
-            sd = sd[key]
-    return {k[len('module.'):] if k.startswith('module.') else k: v
-            for k, v in sd.items() if torch.is_tensor(v)}
 
 
 def load_model_weights(model: nn.Module, checkpoint: str, scope: str,
@@ -66,9 +50,9 @@ def load_model_weights(model: nn.Module, checkpoint: str, scope: str,
     from mmengine.runner.checkpoint import load_state_dict
 
     from ..checkpoint import (convert_official_to_classifier, load_backbone_checkpoint,
-                              load_checkpoint_file)
+                              load_checkpoint_file, state_dict_of)
     ckpt = load_checkpoint_file(checkpoint, trust=trust)
-    sd = _state_dict_of(ckpt)
+    sd = state_dict_of(ckpt)
     official = not any(k.startswith('backbone.') for k in sd) and \
         any(k.startswith('patch_embed.') for k in sd)
     if official and scope != 'mmpretrain':
@@ -89,7 +73,7 @@ def load_model_weights(model: nn.Module, checkpoint: str, scope: str,
 
 def _dataset_metainfo(cfg: Config) -> Optional[dict]:
     """classes (and palette) of the config's test/val dataset, if they can be found."""
-    from mmengine.registry import DATASETS
+    datasets = importlib.import_module(f'{get_scope(cfg)}.registry').DATASETS
     for key in ('test_dataloader', 'val_dataloader', 'train_dataloader'):
         ds = (cfg.get(key) or {}).get('dataset')
         while isinstance(ds, dict) and 'dataset' in ds and 'type' in ds and \
@@ -99,14 +83,13 @@ def _dataset_metainfo(cfg: Config) -> Optional[dict]:
             continue
         if ds.get('metainfo'):
             return dict(ds['metainfo'])
-        cls = DATASETS.get(ds.get('type')) if isinstance(ds.get('type'), str) else ds.get('type')
+        cls = datasets.get(ds.get('type')) if isinstance(ds.get('type'), str) else ds.get('type')
         meta = getattr(cls, 'METAINFO', None)
         if meta and meta.get('classes'):
             return dict(meta)
-        if isinstance(ds.get('num_classes'), int) and ds.get('type') in (
-                'PaCaSyntheticCls', 'SyntheticClsDataset'):
-            from ..datasets.synthetic_cls import class_names
-            return dict(classes=class_names(ds['num_classes']))
+        # a dataset whose class names follow from its num_classes argument
+        if isinstance(ds.get('num_classes'), int) and hasattr(cls, 'class_names'):
+            return dict(classes=cls.class_names(ds['num_classes']))
     return None
 
 
@@ -122,7 +105,7 @@ def build_model(config: Union[str, Config], checkpoint: Optional[str] = None,
     """
     from mmengine.registry import MODELS, init_default_scope
     cfg = load_config(config, cfg_options)
-    scope = config_scope(cfg)
+    scope = get_scope(cfg)
     init_default_scope(scope)
     model_cfg = strip_pretrained(copy.deepcopy(cfg.model))
     if 'data_preprocessor' not in model_cfg and cfg.get('data_preprocessor'):
@@ -182,7 +165,7 @@ def load_image(cfg: Config, image: Union[str, np.ndarray],
                     if not str(t.get('type', '')).startswith(('Load', 'Pack')) and
                     'Annotation' not in str(t.get('type', ''))]
         if pipeline:
-            init_default_scope(config_scope(cfg))
+            init_default_scope(get_scope(cfg))
             results = Compose(pipeline)(dict(img=img, img_shape=img.shape[:2],
                                              ori_shape=img.shape[:2], img_id=0,
                                              img_path=image if isinstance(image, str) else ''))

@@ -4,7 +4,7 @@ itself in the middle of writing one checkpoint, as a preempted or OOM-killed job
 Set ``PACA_TEST_KILL_SAVING=<file name>`` (e.g. ``iter_4.pth``). Importing this module
 wraps ``builtins.open``: a binary write of that file -- under its final name (mmengine's
 ``LocalBackend.put`` writes in place) or under the temporary name of an atomic write
-(``.iter_4.pth.tmp-<pid>-<hex>``, paca_mm.utils.atomic_backend) -- writes the first half
+(``.iter_4.pth.tmp-<pid>-<hex>``, paca_mm.fileio) -- writes the first half
 of the bytes, flushes them to disk and kills the process. It does not depend on which
 backend writes the checkpoint, so the test sees what each one leaves on disk. Nothing
 happens without the environment variable.

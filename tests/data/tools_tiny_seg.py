@@ -1,6 +1,6 @@
 # Tiny mmseg config for the tools tests (tests/test_tools.py, tests/test_resume.py): a
 # PaCaViT with a 4-stage custom arch (16/32/48/64 channels, one block per stage) and an
-# FCN head, trained on 32x32 images of paca_mm.datasets.synthetic_seg. The tests point
+# FCN head, trained on 32x32 images of demo.datasets.synthetic_seg. The tests point
 # the dataloaders' data_root at a generated folder with --cfg-options.
 # On purpose it asks for SyncBN and an nccl backend, as the paper's GPU configs do: the
 # tools must revert them to BN / gloo on a machine without CUDA.

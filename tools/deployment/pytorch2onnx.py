@@ -20,13 +20,12 @@ import argparse
 import os.path as osp
 import sys
 
-try:
-    import paca_mm  # noqa: F401
-except ImportError:  # running from a checkout that is not pip-installed
-    sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
-    import paca_mm  # noqa: F401
+# from a checkout: its paca_mm when none is installed, and its demo package (the demo
+# configs import demo.datasets)
+sys.path.append(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
+import paca_mm  # noqa: F401,E402  (registers PaCaViT & co.)
 
-from mmengine.config import DictAction
+from mmengine.config import DictAction  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -157,7 +157,7 @@ if CustomDataset is not None:
         """mmpretrain ``CustomDataset`` over :func:`generate_synthetic_cls` output.
 
         A missing or corrupt image raises an error naming the file and the dataset
-        (:mod:`paca_mm.datasets.bad_data`).
+        (:mod:`demo.datasets.bad_data`).
 
         Args:
             data_root: dataset folder; generated there on first use.
@@ -168,6 +168,7 @@ if CustomDataset is not None:
         """
         bad_data_hint = ('The generated data under {data_root} is damaged: delete that folder '
                          'and run again (SyntheticClsDataset generates it on first use).')
+        class_names = staticmethod(class_names)  # names from num_classes (build_model)
 
         def __init__(self, data_root: str, split: str = 'train', num_classes: int = 4,
                      train_per_class: int = 16, val_per_class: int = 4, img_size: int = 64,

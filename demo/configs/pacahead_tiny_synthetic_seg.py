@@ -1,15 +1,18 @@
 # CPU demo: PaCa-Tiny (the real tiny arch, random init) + PaCa head trained from scratch on the
-# synthetic shapes dataset of paca_mm/datasets/synthetic_seg.py (4 classes incl. background,
-# 128x128 images). Generate the data first (paca_mm.demo.seg.run does it):
-#   python -m paca_mm.datasets.synthetic_seg --root work_dirs/demo/data/seg
+# synthetic shapes dataset of demo/datasets/synthetic_seg.py (4 classes incl. background,
+# 128x128 images). Generate the data first (demo.seg.run does it):
+#   python -m demo.datasets.synthetic_seg --root work_dirs/demo/data/seg
 # Train / evaluate:
-#   python tools/train.py configs/demo/pacahead_tiny_synthetic_seg.py
-#   python tools/test.py configs/demo/pacahead_tiny_synthetic_seg.py WORK_DIR/iter_300.pth
+#   python tools/train.py demo/configs/pacahead_tiny_synthetic_seg.py
+#   python tools/test.py demo/configs/pacahead_tiny_synthetic_seg.py WORK_DIR/iter_300.pth
 # Measured: mIoU 83.6 after 300 iterations (240 s, 1 thread; chance 19.0).
 # Differences from the ADE20k recipe, for a few minutes on a CPU: no ImageNet weights,
 # 100 clusters, BN instead of SyncBN, no drop path, lr 2e-3 with a short warm-up, batch 4.
-_base_ = ['../_base_/models/paca_head.py', '../_base_/default_runtime_seg.py']
-custom_imports = dict(imports=['paca_mm'], allow_failed_imports=False)
+_base_ = [
+    '../../configs/_base_/models/paca_head.py',
+    '../../configs/_base_/default_runtime_seg.py',
+]
+custom_imports = dict(imports=['paca_mm', 'demo.datasets'], allow_failed_imports=False)
 
 classes = ('background', 'disc', 'square', 'triangle')  # = synthetic_seg.CLASSES
 palette = [(120, 120, 120), (220, 20, 60), (0, 90, 255), (0, 190, 60)]

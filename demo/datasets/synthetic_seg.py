@@ -17,7 +17,7 @@ label  class         drawn as
 Label convention: 0 is a **real class** (background), not "ignored" as in ADE20k's
 ``reduce_zero_label`` convention, so the data is read by mmseg's plain ``BaseSegDataset``
 with ``metainfo=METAINFO`` and ``reduce_zero_label=False`` (see
-``configs/demo/pacahead_tiny_synthetic_seg.py``; it uses ``SyntheticSegDataset``, registered
+``demo/configs/pacahead_tiny_synthetic_seg.py``; it uses ``SyntheticSegDataset``, registered
 as ``PaCaSyntheticSeg`` too: a ``BaseSegDataset`` whose errors for a missing or corrupt image
 or label map name the file and the dataset, see :mod:`.bad_data`). Label PNGs are
 single-channel uint8.
@@ -31,7 +31,7 @@ Layout (as ADEChallengeData2016)::
       annotations/validation/000000.png ...
 
 The same arguments give byte-identical files; an existing folder with a matching
-``meta.json`` is reused. CLI: ``python -m paca_mm.datasets.synthetic_seg --root DIR``.
+``meta.json`` is reused. CLI: ``python -m demo.datasets.synthetic_seg --root DIR``.
 """
 import argparse
 import json
@@ -184,9 +184,9 @@ if BaseSegDataset is not None:
     class SyntheticSegDataset(BadDataErrorsMixin, BaseSegDataset):
         """mmseg ``BaseSegDataset`` (same arguments) with clear errors for missing or corrupt
         images and label maps: building checks that every sample's files exist, and a sample
-        that fails to load names its file (:mod:`paca_mm.datasets.bad_data`)."""
+        that fails to load names its file (:mod:`demo.datasets.bad_data`)."""
         bad_data_hint = ('If this is generated demo data, delete {data_root} and generate it '
-                         'again (python -m paca_mm.demo.seg --data-root {data_root} does); '
+                         'again (python -m demo.seg --data-root {data_root} does); '
                          'otherwise replace or remove the file.')
 else:  # pragma: no cover
     SyntheticSegDataset = None

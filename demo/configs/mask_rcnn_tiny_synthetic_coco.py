@@ -1,12 +1,12 @@
 # CPU demo: PaCa-Tiny (the real tiny arch, random init) Mask R-CNN + FPN trained from scratch on
-# the synthetic COCO-format shapes of paca_mm/datasets/synthetic_coco.py (3 classes: circle,
-# square, triangle; 1-3 shapes of 28-72 px on 112-144 px images, paca_mm.demo.det.DEMO_DATA).
-# `python -m paca_mm.demo.det` generates the data into work_dirs/demo/data/det, trains and
+# the synthetic COCO-format shapes of demo/datasets/synthetic_coco.py (3 classes: circle,
+# square, triangle; 1-3 shapes of 28-72 px on 112-144 px images, demo.det.DEMO_DATA).
+# `python -m demo.det` generates the data into work_dirs/demo/data/det, trains and
 # evaluates (400 iterations, measured: bbox AP 18-26 / AP50 37-48, segm AP 22-31 / AP50 38-48
 # on the val split; the untrained detector: bbox AP50 2.3, segm AP50 0).
 # Train / evaluate (bbox + segm AP with pycocotools):
-#   python tools/train.py configs/demo/mask_rcnn_tiny_synthetic_coco.py
-#   python tools/test.py configs/demo/mask_rcnn_tiny_synthetic_coco.py WORK_DIR/iter_400.pth
+#   python tools/train.py demo/configs/mask_rcnn_tiny_synthetic_coco.py
+#   python tools/test.py demo/configs/mask_rcnn_tiny_synthetic_coco.py WORK_DIR/iter_400.pth
 # Differences from the COCO recipe, for a few minutes on a CPU: no ImageNet weights, no drop
 # path, FPN/RoI heads narrowed to 64 channels with GroupNorm (mmdet's from-scratch recipe;
 # 2-conv + 1-fc box head, 2-conv class-agnostic mask head), fewer proposals and RoI samples,
@@ -15,10 +15,13 @@
 # schedule, batch 2.
 # RoIAlign runs through torchvision (use_torchvision=True): PaCaViT returns channels_last maps
 # and mmcv's own RoIAlign op reads them as NCHW-contiguous, i.e. wrong RoI features.
-_base_ = ['../_base_/models/mask_rcnn_paca_fpn.py', '../_base_/default_runtime_det.py']
-custom_imports = dict(imports=['paca_mm'], allow_failed_imports=False)
+_base_ = [
+    '../../configs/_base_/models/mask_rcnn_paca_fpn.py',
+    '../../configs/_base_/default_runtime_det.py',
+]
+custom_imports = dict(imports=['paca_mm', 'demo.datasets'], allow_failed_imports=False)
 
-classes = ('circle', 'square', 'triangle')  # = paca_mm.datasets.synthetic_coco.CLASSES
+classes = ('circle', 'square', 'triangle')  # = demo.datasets.synthetic_coco.CLASSES
 palette = [(220, 20, 60), (0, 128, 255), (0, 200, 0)]
 data_root = 'work_dirs/demo/data/det/'
 max_iters = 400

@@ -1,14 +1,15 @@
 # CPU demo: a very small PaCa-ViT classifier on the generated 4-class shapes dataset
-# (paca_mm/datasets/synthetic_cls.py; written to work_dirs/demo/data/cls on first use).
+# (demo/datasets/synthetic_cls.py; written to work_dirs/demo/data/cls on first use).
 # 96 iterations; a few minutes on 2 CPU cores (100% val top-1 at the end in our runs):
-#   python tools/train.py configs/demo/paca_tiny_synthetic_cls.py
-#   python tools/test.py configs/demo/paca_tiny_synthetic_cls.py work_dirs/<...>/epoch_12.pth
+#   python tools/train.py demo/configs/paca_tiny_synthetic_cls.py
+#   python tools/test.py demo/configs/paca_tiny_synthetic_cls.py work_dirs/<...>/epoch_12.pth
 # Same model/head structure as the ImageNet configs, smaller widths, 64x64 inputs, no
 # mixup/cutmix/RandAugment (they need far more iterations than a demo has).
 _base_ = [
-    '../_base_/models/paca_vit_cls.py',
-    '../_base_/default_runtime_cls.py',
+    '../../configs/_base_/models/paca_vit_cls.py',
+    '../../configs/_base_/default_runtime_cls.py',
 ]
+custom_imports = dict(imports=['paca_mm', 'demo.datasets'], allow_failed_imports=False)
 
 num_classes = 4
 img_size = 64

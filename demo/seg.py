@@ -4,10 +4,10 @@ Measured on a busy 2-core machine (1 thread): 300 iterations at 128x128 train in
 evaluation of 40 images takes 10 s; mIoU 83.6 (background 94.0, disc 88.2, square 76.6,
 triangle 75.8) against 19.0 for predicting the background everywhere.
 
-``run(work_dir)`` generates the dataset (:mod:`paca_mm.datasets.synthetic_seg`), trains
-``configs/demo/pacahead_tiny_synthetic_seg.py`` through ``tools/train.py`` and evaluates the
+``run(work_dir)`` generates the dataset (:mod:`demo.datasets.synthetic_seg`), trains
+``demo/configs/pacahead_tiny_synthetic_seg.py`` through ``tools/train.py`` and evaluates the
 last checkpoint through ``tools/test.py`` (both as subprocesses, like a user would), then
-parses mmseg's ``IoUMetric`` output. CLI: ``python -m paca_mm.demo.seg --work-dir DIR``.
+parses mmseg's ``IoUMetric`` output. CLI: ``python -m demo.seg --work-dir DIR``.
 """
 import argparse
 import glob
@@ -18,9 +18,9 @@ import re
 from typing import Dict, List, Optional, Sequence
 
 from .common import REPO_ROOT, config_iters, run_tool
-from ..datasets.synthetic_seg import CLASSES, class_frequencies, generate_synthetic_seg
+from .datasets.synthetic_seg import CLASSES, class_frequencies, generate_synthetic_seg
 
-DEFAULT_CONFIG = osp.join(REPO_ROOT, 'configs', 'demo', 'pacahead_tiny_synthetic_seg.py')
+DEFAULT_CONFIG = osp.join(REPO_ROOT, 'demo', 'configs', 'pacahead_tiny_synthetic_seg.py')
 DEFAULT_DATA_ROOT = osp.join(REPO_ROOT, 'work_dirs', 'demo', 'data', 'seg')
 
 

@@ -1,4 +1,4 @@
-"""Helpers shared by the CPU demos (:mod:`paca_mm.demo.seg`, :mod:`paca_mm.demo.det`)."""
+"""Helpers shared by the CPU demos (:mod:`demo.seg`, :mod:`demo.det`)."""
 import os
 import os.path as osp
 import subprocess
@@ -6,7 +6,7 @@ import sys
 import time
 from typing import List, Optional
 
-REPO_ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
 
 def run_tool(args: List[str], log_path: str, timeout: Optional[float],

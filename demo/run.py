@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""`make demo`: train and evaluate PaCa-Tiny on generated data, on the CPU.
+"""`make demo` (python demo/run.py): train and evaluate PaCa-Tiny on generated data, on the CPU.
 
 1. segmentation: PaCa-Tiny + PaCaHead on a small ADE20k-format dataset -> mIoU (mmseg IoUMetric);
 2. detection: PaCa-Tiny Mask R-CNN on a small COCO-format dataset -> bbox/segm AP (pycocotools).
@@ -21,7 +21,7 @@ def main():
     p.add_argument('--work-dir', default=osp.join(ROOT, 'work_dirs', 'demo'))
     p.add_argument('--only', choices=['seg', 'det'], help='run one half only')
     args = p.parse_args()
-    from paca_mm.demo import det, seg
+    from demo import det, seg
     parts = [('segmentation', 'seg', seg), ('detection', 'det', det)]
     results = {}
     for title, key, module in parts:

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""Backbone smoke demo: build PaCa-Tiny, run a 224x224 and an 800x1280 image on the CPU and
-print output shapes, parameter count and forward time."""
+"""`make smoke-demo` (python demo/smoke.py): build PaCa-Tiny, run a 224x224 and an 800x1280
+image on the CPU and print output shapes, parameter count and forward time."""
 import argparse
 import os.path as osp
 import sys

@@ -252,9 +252,9 @@ if CocoDataset is not None:
     class SyntheticCocoDataset(BadDataErrorsMixin, CocoDataset):
         """mmdet ``CocoDataset`` (same arguments) with clear errors for missing or corrupt
         images: building checks that the images the annotation file points at exist, and a
-        sample that fails to load names its file (:mod:`paca_mm.datasets.bad_data`)."""
+        sample that fails to load names its file (:mod:`demo.datasets.bad_data`)."""
         bad_data_hint = ('If this is generated demo data, delete {data_root} and generate it '
-                         'again (python -m paca_mm.demo.det --data-root {data_root} does); '
+                         'again (python -m demo.det --data-root {data_root} does); '
                          'otherwise fix the file or its entry in {ann_file}.')
 else:  # pragma: no cover
     SyntheticCocoDataset = None

@@ -1,11 +1,11 @@
 """Detection demo: PaCa-Tiny Mask R-CNN on synthetic shapes, trained and evaluated on CPU.
 
-``run(work_dir)`` generates the dataset (:mod:`paca_mm.datasets.synthetic_coco`), trains
-``configs/demo/mask_rcnn_tiny_synthetic_coco.py`` through ``tools/train.py`` and evaluates the
+``run(work_dir)`` generates the dataset (:mod:`demo.datasets.synthetic_coco`), trains
+``demo/configs/mask_rcnn_tiny_synthetic_coco.py`` through ``tools/train.py`` and evaluates the
 last checkpoint through ``tools/test.py`` (both as subprocesses, like a user would), then
 parses the bbox and segm AP that mmdet's ``CocoMetric`` (pycocotools) reports. With
 ``baseline=True`` the same evaluation also runs on the untrained (randomly initialised)
-detector, for comparison. CLI: ``python -m paca_mm.demo.det --work-dir DIR [--iters N]``.
+detector, for comparison. CLI: ``python -m demo.det --work-dir DIR [--iters N]``.
 """
 import argparse
 import glob
@@ -16,9 +16,9 @@ import re
 from typing import Dict, Optional, Sequence
 
 from .common import REPO_ROOT, config_iters, run_tool
-from ..datasets.synthetic_coco import generate_synthetic_coco
+from .datasets.synthetic_coco import generate_synthetic_coco
 
-DEFAULT_CONFIG = osp.join(REPO_ROOT, 'configs', 'demo', 'mask_rcnn_tiny_synthetic_coco.py')
+DEFAULT_CONFIG = osp.join(REPO_ROOT, 'demo', 'configs', 'mask_rcnn_tiny_synthetic_coco.py')
 DEFAULT_DATA_ROOT = osp.join(REPO_ROOT, 'work_dirs', 'demo', 'data', 'det')
 # The demo dataset (generate_synthetic_coco arguments): 1-3 large, high-contrast shapes on
 # weakly textured backgrounds, sized for the config's 32-64 px anchors on P2/P3.

@@ -1,1 +1,0 @@
-"""CPU demos: ``seg.run`` and ``det.run`` train and evaluate PaCa-Tiny on generated data."""

@@ -1,0 +1,120 @@
+"""mmengine's ``compile`` option in ``tools/train.py``: workarounds for torch.compile problems
+seen on PaCa's training graphs, and the warnings for the ones without a workaround."""
+from typing import List, Optional, Tuple
+
+import torch
+from mmengine.config import Config
+
+from ..version import torch_version
+from .args import add_custom_hook
+
+
+def compiles(cfg: Config) -> bool:
+    """Whether mmengine's Runner will ``torch.compile`` the train step: ``compile`` is True
+    or a dict (``dict()`` too) without ``disable=True``."""
+    value = cfg.get('compile')
+    if isinstance(value, dict):
+        return not value.get('disable', False)
+    return bool(value)
+
+
+def compile_backend(cfg: Config) -> Optional[str]:
+    """The ``torch.compile`` backend mmengine's Runner will use (inductor unless ``compile``
+    names another), or None when it does not compile."""
+    if not compiles(cfg):
+        return None
+    value = cfg.get('compile')
+    return value.get('backend', 'inductor') if isinstance(value, dict) else 'inductor'
+
+
+def compiled_adam_lr_zero(cfg: Config) -> Optional[str]:
+    """A warning when the config trains with ``compile`` and an Adam-family optimizer while
+    a parameter scheduler takes the learning rate to 0 (``PolyLR``/``CosineAnnealingLR``
+    with ``eta_min`` 0, ``LinearLR`` with ``end_factor`` 0); else None.
+
+    mmengine compiles ``train_step``, optimizer step included, and torch's compiled Adam
+    folds the step size into the denominator: at lr = 0 an element whose second moment is
+    0 gets 0 / -0 = NaN (pytorch/pytorch#126514; seen here with torch 2.14.1: a tiny
+    segmentation run ends with NaN weights in its last iteration, where PolyLR reaches 0).
+    """
+    if not compiles(cfg):
+        return None
+    optim = (cfg.get('optim_wrapper') or {}).get('optimizer') or {}
+    if 'adam' not in str(optim.get('type', '')).lower():
+        return None
+    schedulers = cfg.get('param_scheduler') or []
+    if isinstance(schedulers, dict):
+        schedulers = [schedulers]
+    for sched in schedulers:
+        kind = str(sched.get('type', '')).split('.')[-1]
+        to_zero = (kind in ('PolyLR', 'CosineAnnealingLR') and not sched.get('eta_min') and
+                   not sched.get('eta_min_ratio')) or \
+            (kind == 'LinearLR' and sched.get('end_factor', 1.0) == 0)
+        if to_zero:
+            return (f'compile is on with {optim.get("type")} and {kind} takes the learning '
+                    'rate to 0: torch\'s compiled Adam step writes NaN into parameters whose '
+                    'second moment is 0 when lr is 0 (pytorch/pytorch#126514). Keep the '
+                    f'final lr above 0 (e.g. {kind} eta_min=1e-8 / end_factor=1e-6) or '
+                    'train without compile.')
+    return None
+
+
+def compiled_cpu_attention_torch_bug(cfg: Config) -> Optional[str]:
+    """A warning when the config trains with ``compile`` through inductor on the CPU with
+    torch < 2.3; else None.
+
+    There inductor lays out the inputs of the CPU flash attention after a convolution (PaCa's
+    clustering) channels-last, and its generated code then fails
+    ``assert_size_stride`` on the attention output in the first iteration
+    (pytorch/pytorch#121174, fixed in torch 2.3 by #122083; seen here with torch 2.1.2).
+    """
+    if compile_backend(cfg) != 'inductor' or torch.cuda.is_available() or \
+            torch_version() >= (2, 3):
+        return None
+    return (f'compile with inductor on the CPU fails on torch {torch.__version__} for PaCa\'s '
+            'attention after a convolution (pytorch/pytorch#121174, fixed in torch 2.3): '
+            'use torch >= 2.3, compile.backend=aot_eager, or train without compile.')
+
+
+def compile_static_shapes(cfg: Config) -> Tuple[List[str], List[str]]:
+    """With ``compile`` through inductor, make the compiled graphs static in shape: set
+    ``compile.dynamic=False`` unless the config sets ``dynamic``; returns (log notes,
+    warnings).
+
+    Inductor (torch 2.14.1, seen here) fails to compile a training graph with symbolic
+    sizes when a (B, C, H, W) tensor it saves for the backward has channels_last strides, as
+    PaCa's views of (B, N, C) tokens have: ``InductorError: TypeError: cannot determine truth
+    value of Relational: 128*s65 < 128`` in ``ir.get_stride_order`` (pytorch/pytorch#172204,
+    #185510). torch.compile's default, ``dynamic=None``, recompiles with symbolic sizes at
+    the second input size, so Mask R-CNN's multi-scale training stopped with that error in
+    its third iteration. With ``dynamic=False`` each input size is compiled once (up to
+    dynamo's ``recompile_limit``, ``cache_size_limit`` in older torch, sizes per frame;
+    beyond it the frame runs eagerly). See docs/benchmarks.md.
+    """
+    if compile_backend(cfg) != 'inductor':
+        return [], []
+    compile_cfg = dict(cfg.compile) if isinstance(cfg.compile, dict) else {}
+    if 'dynamic' not in compile_cfg:
+        cfg.compile = dict(compile_cfg, dynamic=False)
+        return ['compile.dynamic=False set: inductor cannot compile PaCa\'s training graphs '
+                'with symbolic sizes (pytorch/pytorch#172204); each input size is compiled '
+                'once. Set compile.dynamic in the config to choose otherwise.'], []
+    if compile_cfg['dynamic'] is not False:
+        return [], [f'compile.dynamic={compile_cfg["dynamic"]}: inductor fails to compile PaCa\'s '
+                    'training graphs with symbolic sizes (InductorError "cannot determine truth '
+                    'value of Relational", pytorch/pytorch#172204); use compile.dynamic=False '
+                    'or compile.backend=aot_eager.']
+    return [], []
+
+
+def add_eager_optimizer_step_hook(cfg: Config) -> List[str]:
+    """With ``compile`` on, append :class:`paca_mm.hooks.EagerOptimizerStepHook`
+    to ``cfg.custom_hooks`` (once): the optimizer step runs outside the compiled
+    ``train_step`` (dynamo cannot trace it over ``paramwise_cfg`` groups, and recompiles it
+    whenever a scheduler changes the learning rate); returns log notes."""
+    if not compiles(cfg):
+        return []
+    return add_custom_hook(
+        cfg, 'EagerOptimizerStepHook', 'EagerOptimizerStepHook added: the compiled train_step '
+        'calls the optimizer wrapper\'s update_params eagerly (no recompilation at each '
+        'learning-rate change)')

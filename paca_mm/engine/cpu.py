@@ -1,0 +1,210 @@
+"""Running the tools on a machine without CUDA.
+
+* SyncBN configs are rewritten to BN and ``AmpOptimWrapper`` (CUDA only in mmengine)
+  becomes bf16 autocast (:class:`CPUAmpOptimWrapper`), see :func:`adapt_cfg_to_device`;
+* a distributed launch (torchrun / Slurm / MPI) creates a gloo process group here, because
+  mmengine's ``init_dist`` always calls ``torch.cuda.set_device``
+  (:func:`init_cpu_distributed`), and the model is wrapped in
+  :class:`CPUDistributedDataParallel`.
+
+The two wrappers are registered in mmengine's root registries by
+:func:`paca_mm.registry.register_all`, so they resolve from every toolbox scope.
+"""
+import datetime
+import os
+import subprocess
+from contextlib import contextmanager
+from typing import Any, Dict, List, Optional, Union
+
+import torch
+import torch.distributed as torch_dist
+import torch.nn as nn
+from mmengine.config import Config, ConfigDict
+from mmengine.model import MMDistributedDataParallel, revert_sync_batchnorm
+from mmengine.optim import OptimWrapper
+
+SYNC_BN_TYPES = ('SyncBN', 'MMSyncBN', 'TorchSyncBN')
+
+
+class CPUAmpOptimWrapper(OptimWrapper):
+    """Mixed precision on CPU: the forward runs under ``torch.autocast('cpu', bfloat16)``.
+
+    ``AmpOptimWrapper`` asserts CUDA. bfloat16 has float32's exponent range, so no loss
+    scaling is needed: ``loss_scale`` is accepted for config compatibility and ignored,
+    and a ``loss_scaler`` entry in a (GPU) checkpoint's optimizer state is dropped.
+
+    Args:
+        loss_scale: ignored (kept so AmpOptimWrapper configs build unchanged).
+        dtype: 'bfloat16' / torch.bfloat16 / None (= bfloat16); CPU autocast in
+            mmengine supports bfloat16 only, anything else raises ValueError.
+        **kwargs: passed to :class:`mmengine.optim.OptimWrapper`.
+    """
+
+    def __init__(self, loss_scale: Union[str, float, dict] = 'dynamic',
+                 dtype: Optional[Union[str, torch.dtype]] = None, use_fsdp: bool = False,
+                 **kwargs):
+        super().__init__(**kwargs)
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype, dtype)
+        if dtype not in (None, torch.bfloat16):
+            raise ValueError(f'CPUAmpOptimWrapper supports dtype bfloat16 only, got {dtype!r}')
+        if use_fsdp:
+            raise ValueError('CPUAmpOptimWrapper does not support use_fsdp=True')
+        self.cast_dtype = torch.bfloat16
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        state_dict = dict(state_dict)
+        state_dict.pop('loss_scaler', None)
+        super().load_state_dict(state_dict)
+
+    @contextmanager
+    def optim_context(self, model: nn.Module):
+        with super().optim_context(model), torch.autocast('cpu', dtype=self.cast_dtype):
+            yield
+
+
+class CPUDistributedDataParallel(MMDistributedDataParallel):
+    """``MMDistributedDataParallel`` for CPU (gloo) processes.
+
+    The Runner passes ``device_ids=[LOCAL_RANK]``, which DDP rejects for CPU modules, and
+    DDP refuses SyncBatchNorm on CPU. This wrapper drops ``device_ids``/``output_device``
+    and reverts SyncBN layers (also ones a model creates in code, not via ``norm_cfg``)
+    to BN before wrapping; gradients are still all-reduced over the process group.
+    """
+
+    def __init__(self, module: nn.Module, detect_anomalous_params: bool = False, **kwargs):
+        kwargs.pop('device_ids', None)
+        kwargs.pop('output_device', None)
+        module = revert_sync_batchnorm(module)
+        super().__init__(module=module, detect_anomalous_params=detect_anomalous_params,
+                         **kwargs)
+
+
+def _replace_sync_bn(node: Any, path: str, changed: List[str]) -> Any:
+    """Recursively rewrite norm configs of type SyncBN/MMSyncBN to BN (in place)."""
+    if isinstance(node, dict):
+        if node.get('type') in SYNC_BN_TYPES:
+            changed.append(f"{path or 'model'}: {node['type']} -> BN")
+            node['type'] = 'BN'
+        for key, value in node.items():
+            _replace_sync_bn(value, f'{path}.{key}' if path else str(key), changed)
+    elif isinstance(node, (list, tuple)):
+        for i, value in enumerate(node):
+            _replace_sync_bn(value, f'{path}[{i}]', changed)
+    return node
+
+
+def adapt_cfg_to_device(cfg: Config, cuda: Optional[bool] = None) -> List[str]:
+    """Make a (GPU) config runnable on a machine without CUDA; returns log notes.
+
+    Does nothing when CUDA is available. Otherwise (in place):
+
+    * every ``norm_cfg``-style dict of type SyncBN/MMSyncBN in ``cfg.model`` (and
+      ``cfg.tta_model``) becomes BN, and ``cfg.sync_bn`` is dropped: SyncBN has no CPU
+      kernel and DDP refuses it on CPU modules;
+    * distributed runs (``cfg.launcher != 'none'``) use gloo (``env_cfg.dist_cfg``) and
+      ``CPUDistributedDataParallel`` (DDP without ``device_ids``, reverting any SyncBN a
+      model builds in code);
+    * ``AmpOptimWrapper`` (CUDA only in mmengine) becomes ``CPUAmpOptimWrapper``: bf16
+      autocast without loss scaling (CPU autocast is bf16 only in mmengine).
+    """
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    if cuda:
+        return []
+    notes = []
+    changed: List[str] = []
+    for key in ('model', 'tta_model'):
+        if cfg.get(key) is not None:
+            _replace_sync_bn(cfg[key], key, changed)
+    if cfg.get('sync_bn') is not None:
+        changed.append(f'sync_bn={cfg.sync_bn!r} removed')
+        cfg.pop('sync_bn')
+    if changed:
+        notes.append('CUDA is not available: SyncBN reverted to BN (' + '; '.join(changed) + ')')
+
+    if cfg.get('launcher', 'none') != 'none':
+        env_cfg = cfg.setdefault('env_cfg', ConfigDict())
+        dist_cfg = env_cfg.setdefault('dist_cfg', ConfigDict())
+        if dist_cfg.get('backend', 'nccl') != 'gloo':
+            notes.append(f"CUDA is not available: distributed backend "
+                         f"{dist_cfg.get('backend', 'nccl')!r} -> 'gloo'")
+            dist_cfg['backend'] = 'gloo'
+        wrapper = cfg.get('model_wrapper_cfg')
+        if wrapper is None:
+            cfg.model_wrapper_cfg = dict(
+                type='CPUDistributedDataParallel', broadcast_buffers=False,
+                find_unused_parameters=cfg.get('find_unused_parameters', False))
+            notes.append('CUDA is not available: model wrapped in CPUDistributedDataParallel')
+        elif wrapper.get('type', 'MMDistributedDataParallel') == 'MMDistributedDataParallel':
+            wrapper['type'] = 'CPUDistributedDataParallel'
+            notes.append('CUDA is not available: MMDistributedDataParallel -> '
+                         'CPUDistributedDataParallel')
+
+    optim = cfg.get('optim_wrapper')
+    if isinstance(optim, dict) and optim.get('type') == 'AmpOptimWrapper':
+        optim['type'] = 'CPUAmpOptimWrapper'
+        dtype = optim.get('dtype')
+        if dtype not in (None, 'bfloat16', torch.bfloat16):
+            notes.append(f'CUDA is not available: AMP dtype {dtype!r} -> bfloat16')
+        optim['dtype'] = 'bfloat16'
+        notes.append('CUDA is not available: AmpOptimWrapper -> CPUAmpOptimWrapper '
+                     '(bfloat16 autocast on CPU, no loss scaling)')
+    return notes
+
+
+def _env_int(name: str) -> int:
+    try:
+        return int(os.environ[name])
+    except KeyError:
+        raise KeyError(f'environment variable {name} is not set; launch with torchrun '
+                       '(tools/dist_train.sh), srun or mpirun, or use --launcher none') from None
+
+
+def init_cpu_distributed(launcher: str, dist_cfg: Optional[Dict] = None) -> bool:
+    """Create the gloo process group for a distributed run on a machine without CUDA.
+
+    mmengine's ``init_dist`` calls ``torch.cuda.set_device`` unconditionally, so on CPU
+    the process group is created here from the launcher's environment (torchrun:
+    RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT; Slurm: SLURM_PROCID/NTASKS/
+    NODELIST/LOCALID; MPI: OMPI_COMM_WORLD_*), exporting the torchrun variables the
+    Runner reads. The Runner then finds the group initialised and keeps it.
+
+    Returns True if a group was created here (False with CUDA, launcher 'none', or a
+    group that already exists).
+    """
+    if launcher == 'none' or torch.cuda.is_available() or torch_dist.is_initialized():
+        return False
+    dist_cfg = dict(dist_cfg or {})
+    if launcher == 'pytorch':
+        rank, world_size = _env_int('RANK'), _env_int('WORLD_SIZE')
+        local_rank = int(os.environ.get('LOCAL_RANK', 0))
+    elif launcher == 'slurm':
+        rank, world_size = _env_int('SLURM_PROCID'), _env_int('SLURM_NTASKS')
+        local_rank = int(os.environ.get('SLURM_LOCALID', 0))
+        if 'MASTER_ADDR' not in os.environ:
+            node_list = os.environ['SLURM_NODELIST']
+            os.environ['MASTER_ADDR'] = subprocess.getoutput(
+                f'scontrol show hostname {node_list} | head -n1')
+        port = dist_cfg.pop('port', None)
+        if port is not None:
+            os.environ['MASTER_PORT'] = str(port)
+        os.environ.setdefault('MASTER_PORT', '29500')
+    elif launcher == 'mpi':
+        rank, world_size = _env_int('OMPI_COMM_WORLD_RANK'), _env_int('OMPI_COMM_WORLD_SIZE')
+        local_rank = int(os.environ.get('OMPI_COMM_WORLD_LOCAL_RANK', 0))
+        if 'MASTER_ADDR' not in os.environ:
+            raise KeyError('environment variable MASTER_ADDR is not set (needed by --launcher mpi)')
+        os.environ.setdefault('MASTER_PORT', '29500')
+    else:
+        raise ValueError(f"launcher must be 'none', 'pytorch', 'slurm' or 'mpi', got {launcher!r}")
+    for key in ('MASTER_ADDR', 'MASTER_PORT'):
+        if key not in os.environ:
+            raise KeyError(f'environment variable {key} is not set; launch with torchrun '
+                           '(tools/dist_train.sh) or set it')
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank))
+    kwargs = {}
+    if dist_cfg.get('timeout') is not None:
+        kwargs['timeout'] = datetime.timedelta(seconds=dist_cfg['timeout'])
+    torch_dist.init_process_group(backend='gloo', init_method='env://', rank=rank,
+                                  world_size=world_size, **kwargs)
+    return True

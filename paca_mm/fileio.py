@@ -1,0 +1,84 @@
+"""Atomic file writes: the one writer behind every file paca_mm writes.
+
+A file is written to a temporary file next to the target (``.<name>.tmp-<pid>-<8 hex>``),
+flushed and fsynced, then ``os.replace``-d onto the final name, and the folder is fsynced
+so the rename survives a crash. The target is therefore either its previous complete
+content (or absent) or the new complete content, never a partial file, even when the
+process is killed while writing. Users: the atomic checkpoint backend of ``tools/train.py``
+(:class:`paca_mm.engine.checkpoints.AtomicLocalBackend`), the checkpoint converter
+(:func:`paca_mm.checkpoint.save_checkpoint_atomic`), the ONNX export
+(:func:`paca_mm.deployment.export_onnx`) and the visualisation PNGs
+(:func:`paca_mm.visualization.drawing.save_image`).
+"""
+import contextlib
+import os
+import os.path as osp
+import re
+import uuid
+from pathlib import Path
+from typing import Iterator, List, Union
+
+# temporary files of an unfinished write: ".<final name>.tmp-<pid>-<8 hex>"
+_TMP_NAME = re.compile(r'^\.(?P<name>.+)\.tmp-\d+-[0-9a-f]{8}$')
+
+
+def _fsync_dir(folder: str) -> None:
+    """Make a rename in ``folder`` durable (best effort; not possible on Windows)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_path(filepath: Union[str, Path]) -> Iterator[str]:
+    """``with atomic_path(dst) as tmp:`` write the file ``tmp`` (by name, e.g. with a
+    library that only takes a path); on leaving the block it is fsynced and replaces
+    ``dst`` (folders are created). On any error or interruption inside the block or while
+    committing, the temporary file is removed and ``dst`` is left as it was."""
+    filepath = str(filepath)
+    folder = osp.dirname(osp.abspath(filepath))
+    os.makedirs(folder, exist_ok=True)
+    tmp = osp.join(folder, f'.{osp.basename(filepath)}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}')
+    try:
+        yield tmp
+        fd = os.open(tmp, os.O_RDWR)  # also fails if the block wrote nothing
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, filepath)
+    except BaseException:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_dir(folder)
+
+
+def atomic_write(data: Union[bytes, str], filepath: Union[str, Path],
+                 encoding: str = 'utf-8') -> None:
+    """Write ``data`` (bytes, or str encoded with ``encoding``) to ``filepath`` atomically
+    (see :func:`atomic_path`)."""
+    if isinstance(data, str):
+        data = data.encode(encoding)
+    with atomic_path(filepath) as tmp:
+        # builtin open, not mkstemp: the file gets the usual umask permissions
+        with open(tmp, 'xb') as f:
+            f.write(data)
+
+
+def stale_temporary_files(folder: str) -> List[str]:
+    """Temporary files that an interrupted atomic write left in ``folder`` (a process killed
+    while writing): paths, sorted. They never hold complete content."""
+    if not osp.isdir(folder):
+        return []
+    return sorted(osp.join(folder, name) for name in os.listdir(folder)
+                  if _TMP_NAME.match(name))
