@@ -19,7 +19,7 @@ when every test passes. The report lists each survivor with its file, line and c
 a person to judge: harmless (an equivalent mutant) or a missing test.
 
 Defaults: ``paca_mm/models`` and ``paca_mm/checkpoint`` against the model, checkpoint
-and spec tests. ``make mutation`` runs it; it is not part of CI (it takes long).
+and architecture-pinning tests. ``make mutation`` runs it; it is not part of CI (it takes long).
 """
 import argparse
 import io

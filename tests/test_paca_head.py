@@ -1,4 +1,4 @@
-"""PaCaHead (paper Sec. 3.4, spec section 6): structure, forward maths, losses, mmseg plumbing."""
+"""PaCaHead (paper Sec. 3.4; the official head): structure, forward maths, losses, plumbing."""
 import copy
 import math
 
@@ -63,8 +63,9 @@ def test_registered_names():
 
 @pytest.mark.parametrize('dims', [TINY_DIMS, BASE_DIMS, (40, 80, 200, 330)])
 def test_param_count(dims):
-    """The closed form of spec 6.2 for D = 256, L = 150: 256 * sum(in_channels) + 1,196,332
-    (tiny: 1,450,284; base: 1,499,436), also for channel counts no release uses."""
+    """The official head's parameter count in closed form for D = 256, L = 150:
+    256 * sum(in_channels) + 1,196,332 (tiny: 1,450,284; base: 1,499,436), also for channel
+    counts no release uses."""
     head = build_head(in_channels=dims, norm_cfg=dict(type='SyncBN', requires_grad=True))
     assert n_params(head) == 256 * sum(dims) + 1_196_332
 
@@ -91,7 +92,7 @@ def test_state_dict_keys_match_official_layout():
     # the norm of k/v follows norm_cfg (official: hard-coded SyncBN) under the same names
     assert isinstance(sync.k[2], nn.SyncBatchNorm)
     assert isinstance(bn.k[2], nn.BatchNorm1d) and isinstance(bn.v[2], nn.BatchNorm1d)
-    # official layer shapes (spec 6.2)
+    # the official head's layer shapes
     assert tuple(bn.clustering[1].weight.shape) == (150, 256, 1, 1)
     assert bn.clustering[1].bias is not None
     assert tuple(bn.k[0].weight.shape) == (256, 1024)
@@ -174,7 +175,7 @@ def test_loss_keys_and_values():
     inputs, data = pyramid(), samples()
     losses = head.loss(inputs, data, train_cfg=dict())
     assert set(losses) == {'loss_ce', 'acc_seg', 'loss_paca', 'acc_paca'}
-    # recompute the aux loss from the raw clustering logits (spec 6.4); train-mode BN
+    # recompute the official auxiliary loss from the raw clustering logits; train-mode BN
     # uses batch statistics and dropout acts after the clustering, so this is repeatable
     with torch.no_grad():
         _, clusters = head.forward_with_clusters(inputs)
@@ -184,7 +185,7 @@ def test_loss_keys_and_values():
         expected = 0.4 * F.cross_entropy(up, label, ignore_index=255)
         losses = head.loss(inputs, data, train_cfg=dict())
     torch.testing.assert_close(losses['loss_paca'], expected, rtol=1e-5, atol=1e-6)
-    # near-uniform clustering logits at init: about 0.4 * ln(150) ~ 2.0 (spec 6.4)
+    # near-uniform clustering logits at init: about 0.4 * ln(150) ~ 2.0
     assert abs(losses['loss_paca'].item() - 0.4 * math.log(150)) < 0.3
 
 
@@ -292,7 +293,7 @@ def segmentor():
 
 
 def test_tiny_plus_head_param_count(segmentor):
-    assert n_params(segmentor) == 13_326_764  # spec 6.2 / 8.3 (ADE20k clusters 200)
+    assert n_params(segmentor) == 13_326_764  # the official code's count (ADE20k, 200 clusters)
     assert n_params(segmentor.decode_head) == 1_450_284
 
 
