@@ -1,0 +1,195 @@
+"""Behaviours users hit directly, pinned so that each test fails when its behaviour breaks:
+eval determinism under every dropout knob, activation checkpointing under drop path,
+``init_cfg`` strictness, ``--resume`` picking the newest complete checkpoint, the safe
+unpickler's exact allow-list."""
+import copy
+import os.path as osp
+
+import pytest
+import torch
+from mmengine.config import Config
+
+import paca_mm  # noqa: F401
+from paca_mm.models.backbones import PaCaViT
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+TINY_ARCH = dict(embed_dims=(16, 32, 48, 64), depths=(1, 2, 1, 1), num_heads=(1, 2, 4, 8))
+# every dropout knob of the constructor, all > 0
+DROPS = dict(drop_rate=0.3, attn_drop_rate=0.3, drop_path_rate=0.3)
+
+
+def _tiny(**kwargs):
+    torch.manual_seed(0)
+    # (4, 4, 4, 4): stage 4 too is clustered; (4, 4, 4, 0) would leave a plain-MHSA stage
+    kw = dict(arch=TINY_ARCH, num_clusters=(4, 4, 4, 0))
+    kw.update(kwargs)
+    return PaCaViT(**kw)
+
+
+# --------------------------------------------------------------- dropout knobs
+@pytest.mark.parametrize('knob', sorted(DROPS) + ['all'])
+def test_eval_forward_is_deterministic_with_dropout_knobs(knob):
+    drops = DROPS if knob == 'all' else {knob: DROPS[knob]}
+    model = _tiny(**drops)
+    x = torch.randn(2, 3, 32, 32)
+    model.train()  # the knob acts in training: two forwards differ
+    torch.manual_seed(1)
+    a = model(x)
+    b = model(x)
+    assert any(not torch.equal(p, q) for p, q in zip(a, b)), f'{drops} did nothing in train'
+    model.eval()
+    torch.manual_seed(1)
+    a = model(x)
+    b = model(x)
+    for p, q in zip(a, b):
+        assert torch.equal(p, q), f'eval forward is random with {drops}'
+    # and eval equals the model without any dropout
+    ref = _tiny(drop_path_rate=0.).eval()
+    ref.load_state_dict(model.state_dict())
+    for p, q in zip(a, ref(x)):
+        torch.testing.assert_close(p, q)
+
+
+# --------------------------------------------------------- checkpointing + RNG
+def test_with_cp_gradients_equal_with_drop_path_and_dropout():
+    a = _tiny(**DROPS).train()
+    b = copy.deepcopy(a)
+    b.with_cp = True
+    x = torch.randn(2, 3, 32, 32)
+    grads = []
+    for model in (a, b):
+        torch.manual_seed(3)
+        loss = sum((o ** 2).mean() for o in model(x))
+        loss.backward()
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and grads[0]
+    for n in grads[0]:
+        torch.testing.assert_close(grads[1][n], grads[0][n], msg=n)
+    # the seed matters (drop path and dropout do act): another seed, other gradients
+    a.zero_grad()
+    torch.manual_seed(4)
+    sum((o ** 2).mean() for o in a(x)).backward()
+    assert any(not torch.allclose(p.grad, grads[0][n]) for n, p in a.named_parameters()
+               if p.grad is not None)
+
+
+# ----------------------------------------------------------- init_cfg strict
+def _checkpoint_missing_a_key(tmp_path):
+    src = _tiny()
+    sd = src.state_dict()
+    dropped = 'stage1.0.attn.q.weight'
+    sd.pop(dropped)
+    path = str(tmp_path / 'backbone.pth')
+    torch.save({'state_dict': sd}, path)
+    return src, path, dropped
+
+
+def test_init_cfg_strict_reaches_the_loader(tmp_path):
+    from paca_mm.checkpoint import CheckpointError
+    src, path, dropped = _checkpoint_missing_a_key(tmp_path)
+    model = _tiny(init_cfg=dict(type='Pretrained', checkpoint=path, strict=True))
+    with pytest.raises(CheckpointError, match=dropped.replace('.', r'\.')):
+        model.init_weights()
+
+
+def test_init_cfg_not_strict_loads_and_warns(tmp_path):
+    from mmengine.logging import MMLogger
+    src, path, dropped = _checkpoint_missing_a_key(tmp_path)
+    for strict in (False, None):  # None: the default
+        cfg = dict(type='Pretrained', checkpoint=path)
+        if strict is not None:
+            cfg['strict'] = strict
+        model = _tiny(init_cfg=cfg)
+        with torch.no_grad():  # to tell the random init from the loaded weights
+            for p in model.parameters():
+                p.add_(1.)
+        logger = MMLogger.get_current_instance()
+        lines = []
+        import logging
+
+        class Collect(logging.Handler):
+            def emit(self, record):
+                lines.append((record.levelno, record.getMessage()))
+        handler = Collect()
+        logger.addHandler(handler)
+        try:
+            model.init_weights()
+        finally:
+            logger.removeHandler(handler)
+        assert any(level == logging.WARNING and dropped in msg for level, msg in lines), lines
+        for k, v in src.state_dict().items():
+            if k != dropped:
+                assert torch.equal(model.state_dict()[k], v), k
+
+
+# ------------------------------------------------------------------- --resume
+def _runner_checkpoint(path, step):
+    """A small file in mmengine Runner checkpoint layout."""
+    torch.save({'meta': {'iter': step, 'epoch': 0}, 'state_dict': {'w': torch.full((64,), step)},
+                'optimizer': {'state': {}, 'param_groups': []}, 'message_hub': {}}, path)
+
+
+def test_resume_picks_the_newest_complete_checkpoint(tmp_path):
+    from paca_mm.engine.checkpoints import check_resume_checkpoint
+    cfg = Config.fromfile(osp.join(ROOT, 'tests', 'data', 'tools_tiny_seg.py'))
+    cfg.default_hooks.checkpoint.by_epoch = False
+    cfg.default_hooks.checkpoint.pop('filename_tmpl', None)
+    cfg.work_dir = str(tmp_path)
+    cfg.resume = True
+    cfg.load_from = None
+    for step in (1, 2, 3):
+        _runner_checkpoint(str(tmp_path / f'iter_{step}.pth'), step)
+    newest = tmp_path / 'iter_3.pth'
+    data = newest.read_bytes()
+    newest.write_bytes(data[:len(data) // 2])  # killed while saving
+    (tmp_path / 'last_checkpoint').write_text(str(newest))
+    warnings = check_resume_checkpoint(cfg)
+    chosen = str(tmp_path / 'iter_2.pth')
+    assert cfg.load_from == chosen
+    assert len(warnings) == 1 and chosen in warnings[0] and str(newest) in warnings[0], warnings
+    assert str(tmp_path / 'iter_1.pth') not in warnings[0]
+
+
+# ------------------------------------------------------------ the allow-list
+def _expected_globals():
+    import numpy as np
+    from mmengine.logging import HistoryBuffer
+
+    from paca_mm.checkpoint import loading
+    try:
+        from numpy._core import multiarray
+    except ImportError:
+        from numpy.core import multiarray
+    kinds = ('bool', 'int8', 'int16', 'int32', 'int64', 'uint8', 'uint16', 'uint32', 'uint64',
+             'float16', 'float32', 'float64')
+    return ([HistoryBuffer, (loading._history_buffer_getattr, 'builtins.getattr'),
+             multiarray._reconstruct, multiarray.scalar, np.ndarray, np.dtype],
+            {type(np.dtype(k)) for k in kinds})
+
+
+def test_safe_unpickler_allow_list_is_pinned():
+    from paca_mm.checkpoint import loading
+    fixed, dtype_classes = _expected_globals()
+    got = loading.mmengine_checkpoint_globals()
+    assert got[:len(fixed)] == fixed
+    assert len(got) == len(fixed) + len(dtype_classes)
+    assert set(got[len(fixed):]) == dtype_classes
+    if hasattr(torch.serialization, 'add_safe_globals'):
+        assert loading.allow_mmengine_checkpoint_globals() == got
+        safe = torch.serialization.get_safe_globals()
+        for g in ('builtins.eval', 'builtins.exec', 'os.system', 'posix.system'):
+            assert not any((s[1] if isinstance(s, tuple) else
+                            f'{getattr(s, "__module__", "")}.{getattr(s, "__qualname__", "")}')
+                           == g for s in safe), g
+    # the restricted unpickler of torch < 2.4: our globals resolve, others are refused
+    import io
+    import pickle
+    module = loading._restricted_pickle_module()
+    unpickler = module.Unpickler(io.BytesIO(b''))
+    assert unpickler.find_class('builtins', 'getattr') is loading._history_buffer_getattr
+    assert unpickler.find_class('collections', 'OrderedDict') is not None
+    for mod, name in (('builtins', 'eval'), ('builtins', 'exec'), ('os', 'system'),
+                      ('posix', 'system'), ('subprocess', 'Popen'), ('builtins', 'open'),
+                      ('builtins', '__import__'), ('numpy', 'load')):
+        with pytest.raises(pickle.UnpicklingError, match='not an allowed global'):
+            unpickler.find_class(mod, name)
