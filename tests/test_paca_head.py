@@ -343,3 +343,74 @@ def test_stock_encoder_decoder_trains_with_changed_num_classes():
     log = model.train_step(_batch(num_classes=5), optim)
     assert {'loss', 'decode.loss_ce', 'decode.loss_paca'} <= set(log)
     assert not torch.equal(before, model.decode_head.clustering[1].weight)
+
+
+def _label_samples(label):
+    out = []
+    for lab in label:
+        s = SegDataSample(gt_sem_seg=PixelData(data=lab[None]))
+        size = tuple(lab.shape)
+        s.set_metainfo(dict(img_shape=size, ori_shape=size, pad_shape=size))
+        out.append(s)
+    return out
+
+
+def test_configured_ignore_index_reaches_both_losses():
+    # class 7 is a real class of the head; ignore_index=7 must drop it from both losses
+    head = build_head(num_classes=10, ignore_index=7)
+    assert head.ignore_index == 7
+    g = torch.Generator().manual_seed(0)
+    label = torch.full((2, 64, 64), 7, dtype=torch.long)
+    label[:, 8:24, 16:40] = torch.randint(0, 7, (2, 16, 24), generator=g)
+    inputs = pyramid()
+
+    def run(ignore_index, lab):
+        head.ignore_index = ignore_index
+        torch.manual_seed(0)  # same dropout masks in every run
+        return head.loss(inputs, _label_samples(lab), dict())
+
+    got = run(7, label)
+    relabelled = label.clone()
+    relabelled[label == 7] = 255
+    expected = run(255, relabelled)  # the same pixels ignored through the default 255
+    counted = run(255, label)  # class 7 counted
+    for key in ('loss_ce', 'loss_paca', 'acc_seg', 'acc_paca'):
+        torch.testing.assert_close(got[key], expected[key], msg=key)
+    for key in ('loss_ce', 'loss_paca'):
+        assert not torch.allclose(got[key], counted[key]), key
+    # and by hand: the aux loss is the CE of the upsampled clustering logits on the patch only
+    head.ignore_index = 7
+    with torch.no_grad():
+        torch.manual_seed(0)
+        _, clusters = head.forward_with_clusters(inputs)
+        up = F.interpolate(clusters, size=label.shape[1:], mode='bilinear', align_corners=False)
+        per_pixel = F.cross_entropy(up, label, ignore_index=7, reduction='none')
+        assert per_pixel[label == 7].abs().max() == 0
+        patch = per_pixel[:, 8:24, 16:40]
+    # the default aux loss: weight 0.4, averaged over the non-ignored pixels
+    torch.testing.assert_close(got['loss_paca'], 0.4 * patch.mean())
+
+
+def test_sampler_weights_reach_both_losses(monkeypatch):
+    head = build_head(num_classes=5,
+                      sampler=dict(type='OHEMPixelSampler', thresh=0.7, min_kept=200))
+    sampled, received = [], {}
+    sample = head.sampler.sample
+
+    def spy_sample(seg_logit, seg_label):
+        w = sample(seg_logit, seg_label)
+        sampled.append((seg_logit.shape[1], w))
+        return w
+
+    monkeypatch.setattr(head.sampler, 'sample', spy_sample)
+    for name, loss_fn in (('main', head.loss_decode), ('aux', head.aux_loss_decode[0])):
+        def spy(*args, _name=name, _fwd=loss_fn.forward, **kwargs):
+            received[_name] = kwargs.get('weight')
+            return _fwd(*args, **kwargs)
+        monkeypatch.setattr(loss_fn, 'forward', spy)
+    losses = head.loss(pyramid(), samples(num_classes=5), dict())
+    assert torch.isfinite(losses['loss_paca'])
+    assert len(sampled) == 2, 'the OHEM sampler must weight the main and the aux loss'
+    assert received['main'] is sampled[0][1] and received['aux'] is sampled[1][1]
+    for _, w in sampled:  # OHEM keeps some pixels and drops others
+        assert w is not None and 0 < w.sum() < w.numel()
