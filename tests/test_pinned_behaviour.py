@@ -193,3 +193,49 @@ def test_safe_unpickler_allow_list_is_pinned():
                       ('builtins', '__import__'), ('numpy', 'load')):
         with pytest.raises(pickle.UnpicklingError, match='not an allowed global'):
             unpickler.find_class(mod, name)
+
+
+# ------------------------------------------------------ tools/test.py outputs
+@pytest.mark.parametrize('config, scope', [
+    ('demo/configs/pacahead_tiny_synthetic_seg.py', 'mmseg'),
+    ('demo/configs/mask_rcnn_tiny_synthetic_coco.py', 'mmdet')])
+def test_test_tool_work_dir_and_out_land_where_asked(load_tool, monkeypatch, tmp_path,
+                                                     config, scope):
+    tool = load_tool('test')
+    monkeypatch.setenv('LOCAL_RANK', '0')  # parse_args sets it otherwise: restored after
+    built = []
+
+    class SpyRunner:
+        def test(self):
+            return 'tested'
+
+    def spy_build_runner(cfg):
+        built.append(cfg)
+        return SpyRunner()
+
+    monkeypatch.setattr(tool, 'build_runner', spy_build_runner)
+    ckpt = tmp_path / 'model.pth'
+    torch.save({'state_dict': {}}, str(ckpt))
+    config = osp.join(ROOT, config)
+    work_dir = str(tmp_path / 'my_work_dir')
+    out = str(tmp_path / ('maps' if scope == 'mmseg' else 'preds.pkl'))
+    assert tool.main([config, str(ckpt), '--work-dir', work_dir, '--out', out]) == 'tested'
+    cfg = built[-1]
+    assert cfg.work_dir == work_dir
+    assert cfg.load_from == str(ckpt)
+    evaluators = cfg.test_evaluator if isinstance(cfg.test_evaluator, list) else [
+        cfg.test_evaluator]
+    if scope == 'mmseg':  # a directory of prediction maps, kept
+        assert [(e['output_dir'], e['keep_results']) for e in evaluators] == [(out, True)]
+    else:  # a .pkl of the predictions, after the config's own metrics
+        assert evaluators[-1] == dict(type='mmdet.DumpDetResults', out_file_path=out)
+        assert len(evaluators) > 1
+    # without --work-dir: ./work_dirs/<config name>; without --out: nothing dumped
+    monkeypatch.chdir(tmp_path)
+    tool.main([config, str(ckpt)])
+    cfg = built[-1]
+    name = osp.splitext(osp.basename(config))[0]
+    assert osp.normpath(cfg.work_dir) == osp.join('work_dirs', name)
+    evaluators = cfg.test_evaluator if isinstance(cfg.test_evaluator, list) else [
+        cfg.test_evaluator]
+    assert not any('output_dir' in e or 'out_file_path' in e for e in evaluators)
