@@ -51,26 +51,24 @@ def test_eval_forward_is_deterministic_with_dropout_knobs(knob):
 
 
 # --------------------------------------------------------- checkpointing + RNG
-def test_with_cp_gradients_equal_with_drop_path_and_dropout():
+def test_with_cp_gradients_equal_with_drop_path_and_dropout(grad_errors):
     a = _tiny(**DROPS).train()
     b = copy.deepcopy(a)
     b.with_cp = True
     x = torch.randn(2, 3, 32, 32)
-    grads = []
-    for model in (a, b):
-        torch.manual_seed(3)
-        loss = sum((o ** 2).mean() for o in model(x))
-        loss.backward()
-        grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
-    assert grads[0].keys() == grads[1].keys() and grads[0]
-    for n in grads[0]:
-        torch.testing.assert_close(grads[1][n], grads[0][n], msg=n)
+
+    def grads(model, seed):
+        model.zero_grad()
+        torch.manual_seed(seed)
+        # a sum, not a mean: gradients well above assert_close's absolute tolerance
+        sum((o ** 2).sum() for o in model(x)).backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    ref = grads(a, 3)
+    errors = grad_errors(grads(b, 3), ref)
+    assert max(errors.values()) < 1e-4, {n: e for n, e in errors.items() if e >= 1e-4}
     # the seed matters (drop path and dropout do act): another seed, other gradients
-    a.zero_grad()
-    torch.manual_seed(4)
-    sum((o ** 2).mean() for o in a(x)).backward()
-    assert any(not torch.allclose(p.grad, grads[0][n]) for n, p in a.named_parameters()
-               if p.grad is not None)
+    assert max(grad_errors(grads(a, 4), ref).values()) > 0.1
 
 
 # ----------------------------------------------------------- init_cfg strict
