@@ -3,6 +3,7 @@ eval determinism under every dropout knob, activation checkpointing under drop p
 ``init_cfg`` strictness, ``--resume`` picking the newest complete checkpoint, the safe
 unpickler's exact allow-list."""
 import copy
+import logging
 import os.path as osp
 
 import pytest
@@ -19,8 +20,7 @@ DROPS = dict(drop_rate=0.3, attn_drop_rate=0.3, drop_path_rate=0.3)
 
 
 def _tiny(**kwargs):
-    torch.manual_seed(0)
-    # (4, 4, 4, 4): stage 4 too is clustered; (4, 4, 4, 0) would leave a plain-MHSA stage
+    torch.manual_seed(0)  # same weights for every call
     kw = dict(arch=TINY_ARCH, num_clusters=(4, 4, 4, 0))
     kw.update(kwargs)
     return PaCaViT(**kw)
@@ -84,7 +84,7 @@ def _checkpoint_missing_a_key(tmp_path):
 
 def test_init_cfg_strict_reaches_the_loader(tmp_path):
     from paca_mm.checkpoint import CheckpointError
-    src, path, dropped = _checkpoint_missing_a_key(tmp_path)
+    _, path, dropped = _checkpoint_missing_a_key(tmp_path)
     model = _tiny(init_cfg=dict(type='Pretrained', checkpoint=path, strict=True))
     with pytest.raises(CheckpointError, match=dropped.replace('.', r'\.')):
         model.init_weights()
@@ -103,7 +103,6 @@ def test_init_cfg_not_strict_loads_and_warns(tmp_path):
                 p.add_(1.)
         logger = MMLogger.get_current_instance()
         lines = []
-        import logging
 
         class Collect(logging.Handler):
             def emit(self, record):
