@@ -5,7 +5,7 @@
 VENV ?= .venv
 VENV_COMPAT ?= .venv-compat
 PY := $(VENV)/bin/python
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=25
 GPU_CHECK_ARGS ?=
 
 .PHONY: env env-compat test test-compat demo smoke-demo clean-demo gpu-check gpu-check-wheels \
