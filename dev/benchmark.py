@@ -10,7 +10,7 @@ so machine noise hits all alike):
   instead of 115 ms at 224², differently for each model; with several engines at large
   sizes also use ``--malloc-keep``, docs/benchmarks.md):
   ``eager`` (the model as built), ``compile`` (``torch.compile``, inductor with
-  freezing) and ``onnxruntime`` (exported with ``torch.onnx`` at that size, run by ONNX
+  freezing; ``--compile-backend`` picks another backend) and ``onnxruntime`` (exported with ``torch.onnx`` at that size, run by ONNX
   Runtime on the CPU); each model's best engine;
 * training: forward+backward latency of ``sum(mean(out_i))`` in train mode (eager) and the
   peak memory of one training step;
@@ -129,8 +129,11 @@ def engine_model(engine, model, shape, args, folder):
     if engine == 'eager':
         return model
     if engine == 'compile':
-        # static shapes (one graph per size), weights frozen into the graph as in deployment
-        return torch.compile(model, dynamic=False, options={'freezing': True})
+        # static shapes (one graph per size); inductor freezes the weights into the graph,
+        # as in deployment
+        if args.compile_backend == 'inductor':
+            return torch.compile(model, dynamic=False, options={'freezing': True})
+        return torch.compile(model, dynamic=False, backend=args.compile_backend)
     return OnnxRuntimeModel(model, shape, args.threads, folder)
 
 
@@ -459,6 +462,9 @@ def main(argv=None):
                    help='H, HxW, optionally :B for batch B, e.g. 224 800x1280 512:2')
     p.add_argument('--engine', nargs='+', choices=ENGINES, default=None,
                    help='inference engines to time (default: eager)')
+    p.add_argument('--compile-backend', default='inductor',
+                   help="torch.compile backend of the compile engine (e.g. 'aot_eager' to "
+                   'check the harness quickly; the figures are inductor\'s)')
     p.add_argument('--device', default='cpu')
     p.add_argument('--amp', action='store_true', help='fp16 on CUDA, bf16 on CPU')
     p.add_argument('--threads', type=int, default=2)

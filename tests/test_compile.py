@@ -54,6 +54,24 @@ def test_backbone_has_no_graph_break(kwargs, train):
     assert (graphs, breaks) == (1, 0), reasons
 
 
+def test_inductor_inference_equals_eager():
+    """Inference through inductor, as ``dev/benchmark.py``'s compile engine and deployments
+    run it (static shapes, weights frozen into the graph): the same feature maps as eager,
+    for conv clustering and a plain-attention stage, on a small model (inductor's C++ code
+    generation is the cost of this test)."""
+    torch.manual_seed(0)
+    model = PaCaViT(arch=dict(embed_dims=[16, 32, 48, 64], depths=[1, 1, 1, 1],
+                              num_heads=[1, 2, 2, 4], mlp_ratios=[2, 2, 2, 2]),
+                    num_clusters=(4, 4, 4, 0)).eval()
+    x = torch.randn(1, 3, 64, 64)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        ref = model(x)
+        outs = torch.compile(model, dynamic=False, options={'freezing': True})(x)
+    for out, r in zip(outs, ref):
+        torch.testing.assert_close(out, r, rtol=1e-4, atol=1e-5)
+
+
 def test_segmentor_forward_has_no_graph_break():
     """Backbone + PaCaHead (mmseg's ``_forward``: features -> logits) in one graph."""
     torch.manual_seed(0)
