@@ -46,7 +46,17 @@ def _check_png(path, shape):
     return img
 
 
-def test_image_demo_segmentation(tmp_path, load_tool):
+@pytest.fixture
+def atomic_writes(monkeypatch):
+    """The paths written through paca_mm.fileio.atomic_write by the drawing helper."""
+    from paca_mm.visualization import drawing
+    paths, real = [], drawing.atomic_write
+    monkeypatch.setattr(drawing, 'atomic_write', lambda data, path: (paths.append(path),
+                                                                      real(data, path)))
+    return paths
+
+
+def test_image_demo_segmentation(tmp_path, load_tool, atomic_writes):
     pytest.importorskip('mmseg')
     from mmseg.apis import inference_model
     torch.manual_seed(0)
@@ -59,7 +69,7 @@ def test_image_demo_segmentation(tmp_path, load_tool):
     img = _image(img_path, 96, 128)
     out_file = str(tmp_path / 'out' / 'seg.png')
     out = load_tool('image_demo').main([SEG_CFG, ckpt, img_path, '--out', out_file])
-    assert out['task'] == 'seg'
+    assert out['task'] == 'seg' and atomic_writes == [out_file]
     drawn = _check_png(out_file, img.shape[:2])
     assert not np.array_equal(drawn, img)  # the colourised map was blended in
     pred = out['result'].pred_sem_seg.data
@@ -69,7 +79,7 @@ def test_image_demo_segmentation(tmp_path, load_tool):
     torch.testing.assert_close(out['result'].seg_logits.data, ref.seg_logits.data)
 
 
-def test_image_demo_detection(tmp_path, load_tool):
+def test_image_demo_detection(tmp_path, load_tool, atomic_writes):
     pytest.importorskip('mmdet')
     from mmdet.apis import inference_detector
     cfg = _det_cfg()
@@ -81,7 +91,7 @@ def test_image_demo_detection(tmp_path, load_tool):
     img = _image(img_path, 112, 144, seed=1)
     out_file = str(tmp_path / 'det.png')
     out = load_tool('image_demo').main([cfg, ckpt, img_path, '--out', out_file, '--score-thr', '0'])
-    assert out['task'] == 'det'
+    assert out['task'] == 'det' and atomic_writes == [out_file]
     drawn = _check_png(out_file, img.shape[:2])
     inst = out['result'].pred_instances
     assert out['num_instances'] == len(inst) > 0
@@ -94,7 +104,7 @@ def test_image_demo_detection(tmp_path, load_tool):
     torch.testing.assert_close(inst.bboxes, ref.bboxes)
 
 
-def test_image_demo_classification(tmp_path, load_tool):
+def test_image_demo_classification(tmp_path, load_tool, atomic_writes):
     pytest.importorskip('mmpretrain')
     from paca_mm.visualization import classify
     from paca_mm.visualization.inference import load_image
@@ -103,11 +113,13 @@ def test_image_demo_classification(tmp_path, load_tool):
     ckpt = str(tmp_path / 'cls.pth')
     _save(model, ckpt, dict(classes=('c0', 'c1', 'c2', 'c3')))
     img_path = str(tmp_path / 'img.png')
-    _image(img_path, 64, 64, seed=2)
+    img = _image(img_path, 64, 64, seed=2)
     out_file = str(tmp_path / 'cls.png')
     out = load_tool('image_demo').main([CLS_CFG, ckpt, img_path, '--out', out_file, '--topk', '3'])
-    assert out['task'] == 'cls'
-    assert osp.isfile(out_file) and cv2.imread(out_file) is not None
+    assert out['task'] == 'cls' and atomic_writes == [out_file]
+    drawn = _check_png(out_file, img.shape[:2])
+    # outside the printed text the image is the input, in its own channel order
+    assert (drawn == img).all(axis=2).mean() > 0.5
     ref = classify(model, load_image(model.cfg, img_path)[None])[0]
     torch.testing.assert_close(out['result'], ref)
     assert [c for c, _ in out['top']] == [f'c{i}' for i in ref.argsort(descending=True)[:3]]

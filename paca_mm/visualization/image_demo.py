@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..registry import get_scope
+from .drawing import save_image
 from .inference import build_model, load_image
 
 _COUNTER = itertools.count()
@@ -42,7 +43,8 @@ def _palette(n: int, seed: int = 0):
 def run_image_demo(config, checkpoint: Optional[str], image: str, out_file: str,
                    device: str = 'cpu', score_thr: float = 0.3, topk: int = 5,
                    cfg_options: Optional[dict] = None, trust: bool = False) -> dict:
-    """Predict on ``image`` and write the painted result to ``out_file`` (PNG/JPG).
+    """Predict on ``image`` and write the painted result to ``out_file`` (PNG/JPG; written
+    atomically by :func:`~paca_mm.visualization.drawing.save_image`).
 
     Returns dict(task='det'|'seg'|'cls', out_file=..., result=<DataSample or probs>), plus
     ``top`` (list of (class, prob)) for classification and ``num_instances`` (above
@@ -51,7 +53,6 @@ def run_image_demo(config, checkpoint: Optional[str], image: str, out_file: str,
     """
     model = build_model(config, checkpoint, device, cfg_options, trust=trust)
     scope = get_scope(model.cfg)
-    os.makedirs(osp.dirname(osp.abspath(out_file)), exist_ok=True)
     meta = dict(model.dataset_meta or {})
     if scope == 'mmdet':
         from mmdet.apis import inference_detector
@@ -60,7 +61,8 @@ def run_image_demo(config, checkpoint: Optional[str], image: str, out_file: str,
         vis = DetLocalVisualizer(name=_unique_name('paca_det_demo'))
         vis.dataset_meta = meta
         vis.add_datasample('result', _read_rgb(image), data_sample=result, draw_gt=False,
-                           show=False, out_file=out_file, pred_score_thr=score_thr)
+                           show=False, pred_score_thr=score_thr)
+        save_image(out_file, vis.get_image()[..., ::-1])
         n = int((result.pred_instances.scores >= score_thr).sum())
         return dict(task='det', out_file=out_file, result=result, num_instances=n)
     if scope == 'mmseg':
@@ -74,7 +76,8 @@ def run_image_demo(config, checkpoint: Optional[str], image: str, out_file: str,
         vis = SegLocalVisualizer(name=_unique_name('paca_seg_demo'), alpha=0.5)
         vis.set_dataset_meta(classes=classes, palette=palette)
         vis.add_datasample('result', _read_rgb(image), data_sample=result, draw_gt=False,
-                           show=False, out_file=out_file)
+                           show=False)
+        save_image(out_file, vis.get_image()[..., ::-1])
         return dict(task='seg', out_file=out_file, result=result)
     # mmpretrain
     from mmpretrain.structures import DataSample
@@ -85,8 +88,9 @@ def run_image_demo(config, checkpoint: Optional[str], image: str, out_file: str,
     classes = list(meta['classes']) if meta.get('classes') else None
     sample = DataSample().set_pred_score(probs).set_pred_label(int(probs.argmax()))
     vis = UniversalVisualizer(name=_unique_name('paca_cls_demo'))
-    vis.visualize_cls(_read_rgb(image), sample, classes=classes, draw_gt=False, show=False,
-                      out_file=out_file)
+    drawn = vis.visualize_cls(_read_rgb(image), sample, classes=classes, draw_gt=False,
+                              show=False)
+    save_image(out_file, drawn[..., ::-1])
     k = min(topk, probs.numel())
     vals, idx = torch.topk(probs, k)
     top = [(classes[i] if classes else int(i), float(v)) for v, i in zip(vals, idx.tolist())]
