@@ -7,9 +7,8 @@ content (or absent) or the new complete content, never a partial file, even when
 process is killed while writing. Users: the atomic checkpoint backend of ``tools/train.py``
 (:class:`paca_mm.engine.checkpoints.AtomicLocalBackend`), the checkpoint converter
 (:func:`paca_mm.checkpoint.save_checkpoint_atomic`), the ONNX export
-(:func:`paca_mm.deployment.export_onnx`) and the images of the cluster visualisation and
-the image demo
-(:func:`paca_mm.visualization.drawing.save_image`).
+(:func:`paca_mm.deployment.export_onnx`) and the images of the cluster visualisation and the
+image demo (:func:`paca_mm.visualization.drawing.save_image`).
 """
 import contextlib
 import os
