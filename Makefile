@@ -32,9 +32,9 @@ smoke-demo: env
 clean-demo:
 	rm -rf work_dirs/demo
 
-# Mutation testing (dev/mutation_test.py): plant one small bug at a time in paca_mm/models
-# and paca_mm/checkpoint and list the mutants the tests miss. Not part of CI (about an hour
-# for all ~700 mutants on 2 cores; MUTATION_ARGS="--limit 60" samples, "--resume" goes on
+# Mutation testing (dev/mutation_test.py): plant one small bug at a time in paca_mm/ and
+# tools/train.py, tools/test.py; list the mutants the tests miss. Not part of CI (hours
+# for all ~1400 mutants on 2 cores; MUTATION_ARGS="--limit 60" samples, "--resume" goes on
 # with a run that was cut off). docs/mutation.md: the last full run and its survivors.
 MUTATION_ARGS ?=
 mutation: env

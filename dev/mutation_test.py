@@ -18,8 +18,9 @@ failing test, and the tests that killed recent mutants run first. A mutant *surv
 when every test passes. The report lists each survivor with its file, line and change, for
 a person to judge: harmless (an equivalent mutant) or a missing test.
 
-Defaults: ``paca_mm/models`` and ``paca_mm/checkpoint`` against the model, checkpoint
-and architecture-pinning tests. ``make mutation`` runs it; it is not part of CI (it takes long).
+Defaults: the models, checkpoint handling, Runner additions (``paca_mm/engine``), hooks,
+registry, file writing, FLOP handles, deployment, visualisation and ``tools/train.py`` /
+``tools/test.py``, each against the fast tests of its area (``AREAS``). ``make mutation`` runs it; it is not part of CI (it takes long).
 """
 import argparse
 import io
@@ -31,17 +32,46 @@ import sys
 import tempfile
 import time
 import tokenize
-from typing import Iterator, List, NamedTuple
+from typing import Iterator, List, NamedTuple, Optional
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-DEFAULT_FILES = ['paca_mm/models', 'paca_mm/checkpoint']
-DEFAULT_TESTS = ['tests/test_spec_pinning.py', 'tests/test_backbone_fixtures.py',
-                 'tests/test_backbone.py', 'tests/test_paca_operator.py',
-                 'tests/test_paca_head.py', 'tests/test_errors.py',
-                 'tests/test_visualization.py',  # it pins record_clusters and its shapes
-                 'tests/test_memory_efficient_ffn.py', 'tests/test_checkpoint_safety.py',
-                 'tests/test_atomic_checkpoints.py',
-                 'tests/test_deployment.py']
+_MODEL_TESTS = ['tests/test_spec_pinning.py', 'tests/test_backbone_fixtures.py',
+                'tests/test_backbone.py', 'tests/test_paca_operator.py',
+                'tests/test_paca_head.py', 'tests/test_errors.py',
+                'tests/test_pinned_behaviour.py',
+                'tests/test_visualization.py',  # it pins record_clusters and its shapes
+                'tests/test_memory_efficient_ffn.py', 'tests/test_checkpoint_safety.py',
+                'tests/test_atomic_checkpoints.py', 'tests/test_deployment.py']
+_RUNNER_TESTS = ['tests/test_tools.py', 'tests/test_pinned_behaviour.py',
+                 'tests/test_atomic_checkpoints.py', 'tests/test_checkpoint_safety.py',
+                 'tests/test_compile.py', 'tests/test_errors.py']
+# What each part of the code is tested by: a mutant runs the (fast) tests of the first
+# entry whose path prefix its file has. Without --tests, the default run covers them all.
+AREAS = [
+    ('paca_mm/models', _MODEL_TESTS),
+    ('paca_mm/checkpoint', _MODEL_TESTS),
+    ('paca_mm/engine', _RUNNER_TESTS),
+    ('paca_mm/hooks', _RUNNER_TESTS + ['tests/test_visualization.py']),
+    ('paca_mm/registry.py', _RUNNER_TESTS),
+    ('paca_mm/fileio.py', _RUNNER_TESTS + ['tests/test_visualization.py']),
+    ('paca_mm/flops.py', ['tests/test_flops.py', 'tests/test_stock_flops.py']),
+    ('paca_mm/deployment.py', ['tests/test_deployment.py']),
+    ('paca_mm/visualization', ['tests/test_visualization.py', 'tests/test_image_demo.py',
+                               'tests/test_checkpoint_safety.py']),
+    ('tools/train.py', _RUNNER_TESTS),
+    ('tools/test.py', _RUNNER_TESTS),
+]
+DEFAULT_FILES = [prefix for prefix, _ in AREAS]
+
+
+def tests_for(path: str) -> List[str]:
+    """The tests of the area of ``path`` (see AREAS); the model tests outside them."""
+    for prefix, tests in AREAS:
+        if path == prefix or path.startswith(prefix.rstrip('/') + '/'):
+            return tests
+    return _MODEL_TESTS
+
+
 OPERATORS = {'+': '-', '-': '+', '*': '/', '/': '*', '//': '/', '%': '//', '**': '*',
              '<': '<=', '<=': '<', '>': '>=', '>=': '>', '==': '!=', '!=': '==',
              '+=': '-=', '-=': '+=', '*=': '/=', '/=': '*=', '@': '*'}
@@ -237,10 +267,11 @@ class _Slot:
         return result, killer, seconds
 
 
-def run_mutants(mutants: List[Mutant], tests: List[str], jobs: int, timeout: float,
-                report=None) -> dict:
-    """Test every mutant, ``jobs`` at a time; print (and append to ``report``) one line
-    each. Returns the counts of 'killed', 'survived' and 'timeout'."""
+def run_mutants(mutants: List[Mutant], tests: Optional[List[str]], jobs: int,
+                timeout: float, report=None) -> dict:
+    """Test every mutant against ``tests`` (None: the tests of its area, :func:`tests_for`),
+    ``jobs`` at a time; print (and append to ``report``) one line each. Returns the counts
+    of 'killed', 'survived' and 'timeout'."""
     os.environ.update(OMP_NUM_THREADS='1', PACA_MM_TEST_THREADS='1',
                       PYTHONDONTWRITEBYTECODE='1')
     for name in PRELOAD:
@@ -250,7 +281,8 @@ def run_mutants(mutants: List[Mutant], tests: List[str], jobs: int, timeout: flo
     with tempfile.TemporaryDirectory(prefix='paca_mutation_') as tmp:
         slots = [_Slot(tmp, i) for i in range(max(1, min(jobs, len(mutants))))]
         os.environ['PYTHONPATH'] = slots[0].repo  # for tests that start subprocesses
-        slots[0].start(tests, [])
+        every = tests or sorted({t for m in mutants for t in tests_for(m.path)})
+        slots[0].start(every, [])
         while (done := slots[0].poll(timeout)) is None:
             time.sleep(0.2)
         if done[0] != 'survived':
@@ -280,7 +312,8 @@ def run_mutants(mutants: List[Mutant], tests: List[str], jobs: int, timeout: flo
                             f.write(line + '\n')
                 if todo:
                     os.environ['PYTHONPATH'] = slot.repo
-                    slot.start(tests, killers, todo.pop(0))
+                    mutant = todo.pop(0)
+                    slot.start(tests or tests_for(mutant.path), killers, mutant)
             time.sleep(0.1)
     return counts
 
@@ -289,8 +322,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('files', nargs='*', default=DEFAULT_FILES,
                    help=f'files or folders to mutate (default: {" ".join(DEFAULT_FILES)})')
-    p.add_argument('--tests', nargs='+', default=DEFAULT_TESTS,
-                   help='test files (or node ids) to run')
+    p.add_argument('--tests', nargs='+',
+                   help='test files (or node ids) to run for every mutant (default: the '
+                        'tests of its area, AREAS in this file)')
     p.add_argument('--limit', type=int, default=0,
                    help='test a random sample of this many mutants (0 = all)')
     p.add_argument('--seed', type=int, default=0, help='seed of the sample')
