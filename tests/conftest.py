@@ -96,3 +96,34 @@ def _relative_grad_errors(grads, ref):
 def grad_errors():
     """``grad_errors(grads, ref)``: relative error of each parameter gradient."""
     return _relative_grad_errors
+
+
+# the files of a clone that building the package reads (setup.py, MANIFEST.in)
+PACKAGE_SOURCE = ('setup.py', 'MANIFEST.in', 'README.md', 'LICENSE', 'CITATION.cff',
+                  'model-index.yml', 'requirements', 'configs', 'tools', 'paca_mm')
+
+
+@pytest.fixture(scope='session')
+def installed_paca_mm(tmp_path_factory):
+    """A non-editable install of this checkout, built once per session: the source files
+    copied, then ``pip install --no-deps --no-build-isolation --target`` into a throwaway
+    folder (not the venv), which is returned. With ``PYTHONPATH=<it>`` Python and openmim
+    use that copy (its configs, tools and model index under ``paca_mm/.mim``)."""
+    import shutil
+    import subprocess
+    base = tmp_path_factory.mktemp('paca_mm_install')
+    src, target = base / 'src', base / 'site'
+    src.mkdir()
+    ignore = shutil.ignore_patterns('__pycache__', '*.pyc', '*.so', '.mim', '*.egg-info')
+    for name in PACKAGE_SOURCE:
+        path = os.path.join(ROOT, name)
+        if os.path.isdir(path):
+            shutil.copytree(path, str(src / name), ignore=ignore)
+        else:
+            shutil.copy(path, str(src / name))
+    proc = subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', '--no-deps',
+                           '--no-build-isolation', '--target', str(target), str(src)],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          universal_newlines=True, timeout=300)
+    assert proc.returncode == 0, f'pip install of the checkout failed:\n{proc.stdout[-4000:]}'
+    return target

@@ -66,8 +66,7 @@ def test_recipe(path):
     assert bb.type == 'PaCaViT' and bb.arch == name
     assert bb.drop_path_rate == 0.1  # 0.1 for every model, base included
     assert 'num_clusters' not in bb  # ImageNet cluster counts kept
-    assert bb.init_cfg == dict(type='Pretrained',
-                               checkpoint=f'checkpoints/IMNET_224_{name}.pth')
+    assert bb.init_cfg.type == 'Pretrained'  # which file: tests/test_weights_by_url.py
     assert list(cfg.model.neck.in_channels) == list(resolve_preset(name)['embed_dims'])
     assert cfg.model.roi_head.bbox_head.num_classes == 80
     # schedule: AdamW 1e-4 / 0.05, no decay on norms, 12 epochs, steps at 8 and 11

@@ -4,7 +4,6 @@ import copy
 import glob
 import os
 import os.path as osp
-import shutil
 import subprocess
 import sys
 
@@ -150,11 +149,6 @@ def test_license_and_citation():
     assert '@inproceedings{Grainger2023PaCaViT' in readme and 'docs/differences.md' in readme
 
 
-# the files a clone has that a build reads (setup.py, MANIFEST.in)
-SOURCE = ('setup.py', 'MANIFEST.in', 'README.md', 'LICENSE', 'CITATION.cff', 'model-index.yml',
-          'requirements', 'configs', 'tools', 'paca_mm')
-
-
 def _run(cmd, **kwargs):
     """stdout of cmd (stderr only in the failure message: mim and pkg_resources warn there)."""
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -163,25 +157,12 @@ def _run(cmd, **kwargs):
     return proc.stdout
 
 
-def test_wheel_install_carries_the_model_zoo_and_mim_search_lists_every_model(tmp_path):
-    """Build a wheel from a copy of the source (not editable), install it into a throwaway
-    target directory and run `mim search paca_mm` against that installed copy."""
+def test_install_carries_the_model_zoo_and_mim_search_lists_every_model(installed_paca_mm,
+                                                                       tmp_path):
+    """The non-editable install of the checkout (a throwaway target directory, see
+    tests/conftest.py) carries the model zoo, and `mim search paca_mm` against it lists it."""
     pytest.importorskip('mim', reason='openmim is in requirements/tests.txt')
-    src = tmp_path / 'src'
-    src.mkdir()
-    ignore = shutil.ignore_patterns('__pycache__', '*.pyc', '*.so', '.mim', '*.egg-info')
-    for name in SOURCE:
-        path = osp.join(ROOT, name)
-        if osp.isdir(path):
-            shutil.copytree(path, src / name, ignore=ignore)
-        else:
-            shutil.copy(path, src / name)
-    wheels, target = tmp_path / 'wheels', tmp_path / 'site'
-    _run([sys.executable, '-m', 'pip', 'wheel', '-q', '--no-deps', '--no-build-isolation',
-          '-w', str(wheels), str(src)])
-    (wheel, ) = glob.glob(str(wheels / '*.whl'))
-    _run([sys.executable, '-m', 'pip', 'install', '-q', '--no-deps', '--target', str(target),
-          wheel])
+    target = installed_paca_mm
     mim_dir = target / 'paca_mm' / '.mim'
     assert (mim_dir / 'tools' / 'train.py').is_file() and (mim_dir / 'tools' / 'test.py').is_file()
     for _, model in MODELS:

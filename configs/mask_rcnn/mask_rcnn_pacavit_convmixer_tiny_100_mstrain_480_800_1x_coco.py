@@ -5,9 +5,10 @@
 # config cannot be built (its backbone looks up the misspelt arch 'tiny_eacher').
 # Train the ImageNet backbone first (configs/paca_vit_imagenet/
 # pacavit_convmixer_tiny_100_8xb128_in1k.py) and save its backbone as the checkpoint below.
+pretrained = 'checkpoints/IMNET_224_pacavit_convmixer_tiny_100.pth'  # no released file
 _base_ = './mask_rcnn_pacavit_tiny_p2cconv_100_0_mstrain_480_800_1x_coco.py'
 model = dict(
     backbone=dict(
         arch='pacavit_convmixer_tiny_100',
-        init_cfg=dict(checkpoint='checkpoints/IMNET_224_pacavit_convmixer_tiny_100.pth')),
+        init_cfg=dict(checkpoint=pretrained)),
     neck=dict(in_channels=[96, 192, 320, 384]))

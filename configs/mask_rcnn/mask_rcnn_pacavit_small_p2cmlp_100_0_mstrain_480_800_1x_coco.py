@@ -1,9 +1,10 @@
 # PaCa-Small (mlp clustering, 100-100-100-0) Mask R-CNN + FPN,
 # COCO, 1x, multi-scale 480-800; the recipe is the tiny config's.
 # Published (paper Table 2): 42.4M params, 303 GFLOPs, APb 46.6, APm 41.9.
+pretrained = 'https://github.com/iVMCL/PaCaViT/releases/download/pacavit/IMNET_224_pacavit_small_p2cmlp_100_0.pth'  # noqa
 _base_ = './mask_rcnn_pacavit_tiny_p2cconv_100_0_mstrain_480_800_1x_coco.py'
 model = dict(
     backbone=dict(
         arch='pacavit_small_p2cmlp_100_0',
-        init_cfg=dict(checkpoint='checkpoints/IMNET_224_pacavit_small_p2cmlp_100_0.pth')),
+        init_cfg=dict(checkpoint=pretrained)),
     neck=dict(in_channels=[96, 192, 320, 384]))

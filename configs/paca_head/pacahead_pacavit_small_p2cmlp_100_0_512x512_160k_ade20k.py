@@ -1,9 +1,11 @@
 # PaCa-Small (mlp clustering)
 # PaCa-ViT backbone + PaCa head, ADE20k 512x512 crops, 160k iterations (paper Appendix B.3).
 # Published: 24.0M params, 50.0 GFLOPs, 48.2 mIoU.
-# Pretrained backbone: the released ImageNet-1k checkpoint (links in the official
-# README, https://github.com/iVMCL/PaCaViT), saved under the path below. paca_mm
-# re-initialises the cluster layers whose shape changes (100 -> 200 clusters).
+# Pretrained backbone: the released ImageNet-1k checkpoint (`pretrained`), downloaded once
+# into torch's hub cache and read weights-only; a local copy instead:
+# --cfg-options model.backbone.init_cfg.checkpoint=PATH. paca_mm re-initialises the
+# cluster layers whose shape changes (100 -> 200 clusters).
+pretrained = 'https://github.com/iVMCL/PaCaViT/releases/download/pacavit/IMNET_224_pacavit_small_p2cmlp_100_0.pth'  # noqa
 _base_ = [
     '../_base_/models/paca_head.py', '../_base_/datasets/ade20k.py',
     '../_base_/default_runtime_seg.py', '../_base_/schedules/schedule_160k_pacahead.py'
@@ -14,8 +16,7 @@ model = dict(
         arch='pacavit_small_p2cmlp_100_0',
         num_clusters=(200, 200, 200, 0),
         drop_path_rate=0.1,
-        init_cfg=dict(type='Pretrained',
-                      checkpoint='checkpoints/IMNET_224_pacavit_small_p2cmlp_100_0.pth')),
+        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
     decode_head=dict(in_channels=[96, 192, 320, 384]))
 # the mlp clustering's output Linear (Eqn. 6) is the re-initialised cluster layer
 optim_wrapper = dict(

@@ -3,9 +3,11 @@
 # Published: 77.2M params (aux head included), 264.1 GFLOPs, 49.67 mIoU.
 # As in the released configs: drop path 0.1 for every size, and no lr multipliers (the
 # paper's head/cluster lr x10 is only used with the PaCa head).
-# Pretrained backbone: the released ImageNet-1k checkpoint (links in the official
-# README, https://github.com/iVMCL/PaCaViT), saved under the path below. paca_mm
-# re-initialises the cluster layers whose shape changes (100 -> 200 clusters).
+# Pretrained backbone: the released ImageNet-1k checkpoint (`pretrained`), downloaded once
+# into torch's hub cache and read weights-only; a local copy instead:
+# --cfg-options model.backbone.init_cfg.checkpoint=PATH. paca_mm re-initialises the
+# cluster layers whose shape changes (100 -> 200 clusters).
+pretrained = 'https://github.com/iVMCL/PaCaViT/releases/download/pacavit/IMNET_224_pacavit_base_p2cconv_100_0.pth'  # noqa
 _base_ = [
     '../_base_/models/upernet_paca.py', '../_base_/datasets/ade20k.py',
     '../_base_/default_runtime_seg.py', '../_base_/schedules/schedule_160k.py'
@@ -16,7 +18,6 @@ model = dict(
         arch='pacavit_base_p2cconv_100_0',
         num_clusters=(200, 200, 200, 0),
         drop_path_rate=0.1,
-        init_cfg=dict(type='Pretrained',
-                      checkpoint='checkpoints/IMNET_224_pacavit_base_p2cconv_100_0.pth')),
+        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
     decode_head=dict(in_channels=[96, 192, 384, 512]),
     auxiliary_head=dict(in_channels=384))
