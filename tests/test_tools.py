@@ -134,6 +134,27 @@ def test_test_args_follow_each_toolbox():
     assert cfg.model.type == 'mmpretrain.AverageClsScoreTTA'
 
 
+def test_show_and_interval_reach_the_visualization_hook():
+    """--show turns on the hook's window with --wait-time; the drawing interval is every
+    batch for mmpretrain (as its test.py) and the hook's own otherwise, unless given."""
+    from paca_mm.engine.args import trigger_visualization
+    for scope in ('mmseg', 'mmdet', 'mmpretrain'):
+        cfg = _cfg(default_scope=scope)
+        before = cfg.default_hooks.visualization.get('interval')
+        trigger_visualization(cfg, scope, show=True)
+        hook = cfg.default_hooks.visualization
+        assert hook.show is True and hook.wait_time == 2., scope
+        assert hook.get('interval') == (1 if scope == 'mmpretrain' else before), scope
+        cfg = _cfg(default_scope=scope)
+        trigger_visualization(cfg, scope, show_dir='d', wait_time=0.5, interval=7)
+        hook = cfg.default_hooks.visualization
+        assert hook.interval == 7 and hook.get('show') is not True, scope
+    cfg = _cfg()
+    del cfg.default_hooks['visualization']
+    with pytest.raises(ValueError, match='visualization'):
+        trigger_visualization(cfg, 'mmseg', show=True)
+
+
 class _NotAllowed:
     pass
 
