@@ -16,6 +16,7 @@ unpickler with the allow-list (torch >= 2.4) and paca_mm's restricted unpickler 
 forced here by hiding ``torch.serialization.add_safe_globals``).
 """
 import argparse
+import fractions
 import json
 import os
 import os.path as osp
@@ -127,9 +128,9 @@ def _check_runner_checkpoint(ckpt):
 
 
 def _benign(path, state_dict=None):
-    """A trusted file holding a class outside the allow-list (argparse.Namespace)."""
+    """A trusted file holding a class outside the allow-list (fractions.Fraction)."""
     torch.save(dict(state_dict=_sd() if state_dict is None else state_dict,
-                    meta=dict(args=argparse.Namespace(lr=0.1))), str(path))
+                    meta=dict(lr=fractions.Fraction(1, 10))), str(path))
     return str(path)
 
 
@@ -257,12 +258,12 @@ def test_opt_in_argument_and_env_var(tmp_path, monkeypatch, mechanism, load_tool
     for load in (load_checkpoint_file, CheckpointLoader.load_checkpoint):
         with pytest.raises(CheckpointError) as e:
             load(path)
-        assert 'argparse.Namespace' in str(e.value) and TRUST_ENV in str(e.value)
+        assert 'fractions.Fraction' in str(e.value) and TRUST_ENV in str(e.value)
     # the argument
-    assert load_checkpoint_file(path, trust=True)['meta']['args'].lr == 0.1
+    assert load_checkpoint_file(path, trust=True)['meta']['lr'] == fractions.Fraction(1, 10)
     dst = tmp_path / 'converted.pth'
     tool = load_tool('convert_official_checkpoint')
-    with pytest.raises(SystemExit, match='argparse.Namespace'):
+    with pytest.raises(SystemExit, match='fractions.Fraction'):
         tool.main([path, str(dst)])
     tool.main([path, str(dst), '--trust-checkpoint'])
     assert torch.equal(load_checkpoint_file(str(dst))['state_dict']['w'], torch.ones(2))
@@ -271,14 +272,14 @@ def test_opt_in_argument_and_env_var(tmp_path, monkeypatch, mechanism, load_tool
         load_checkpoint_file(path)
     # the environment variable: every loader, also mmengine's (the toolboxes' scripts)
     monkeypatch.setenv(TRUST_ENV, '1')
-    assert load_checkpoint_file(path)['meta']['args'].lr == 0.1
-    assert CheckpointLoader.load_checkpoint(path)['meta']['args'].lr == 0.1
+    assert load_checkpoint_file(path)['meta']['lr'] == fractions.Fraction(1, 10)
+    assert CheckpointLoader.load_checkpoint(path)['meta']['lr'] == fractions.Fraction(1, 10)
     monkeypatch.setenv(TRUST_ENV, '0')
     with pytest.raises(CheckpointError):
         CheckpointLoader.load_checkpoint(path)
     # init_cfg=dict(type='Pretrained', trust=True): the argument for the backbone's loader
     sd_path = _benign(tmp_path / 'trusted_backbone.pth', PaCaViT(arch=ARCH).state_dict())
-    with pytest.raises(CheckpointError, match='argparse.Namespace'):
+    with pytest.raises(CheckpointError, match='fractions.Fraction'):
         PaCaViT(arch=ARCH, init_cfg=dict(type='Pretrained', checkpoint=sd_path)).init_weights()
     model = PaCaViT(arch=ARCH, init_cfg=dict(type='Pretrained', checkpoint=sd_path,
                                              trust=True))
@@ -317,7 +318,7 @@ def test_visualization_loaders(tmp_path, mechanism, load_tool):
             load_tool('image_demo').main([CONFIG, path, image, '--out', str(tmp_path / 'o.png')])
         assert not marker.exists()
     trusted, ref = _seg_model_checkpoint(tmp_path, benign=True)
-    with pytest.raises(CheckpointError, match='argparse.Namespace'):
+    with pytest.raises(CheckpointError, match='fractions.Fraction'):
         build_model(CONFIG, trusted)
     torch.manual_seed(1)  # another random init: the weights must come from the file
     model = build_model(CONFIG, trusted, trust=True)
@@ -421,7 +422,7 @@ def test_tools_test_and_train_refuse_payloads(tmp_path, tiny_seg_data):
 def test_tools_test_trust_checkpoint(tmp_path, tiny_seg_data):
     trusted, _ = _seg_model_checkpoint(tmp_path, benign=True)
     rc, out, err = _run_tool('test', [trusted], tiny_seg_data, tmp_path)
-    assert rc != 0 and 'argparse.Namespace' in err, out[-3000:]
+    assert rc != 0 and 'fractions.Fraction' in err, out[-3000:]
     rc, out, _ = _run_tool('test', [trusted, '--trust-checkpoint'], tiny_seg_data, tmp_path)
     assert rc == 0, out[-3000:]
     assert 'Load checkpoint from' in out and 'mIoU' in out
