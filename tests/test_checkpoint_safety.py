@@ -73,6 +73,20 @@ class _ViaGetattr(_System):
         return _NdarrayTofile(), (np.zeros(1), self.marker)
 
 
+class _EvilNamespace(argparse.Namespace):
+    """A Namespace subclass whose __setstate__ writes the marker."""
+
+    def __setstate__(self, state):
+        open(state['marker'], 'w').close()
+
+
+class _NamespaceSlotstate(_System):
+    """argparse.Namespace() completed by BUILD (state, slotstate): setattr of a payload."""
+
+    def __reduce__(self):
+        return argparse.Namespace, (), (None, {'evil': _System(self.marker)})
+
+
 def _sd():
     return {'w': torch.ones(2)}
 
@@ -89,6 +103,14 @@ PAYLOADS = {
         arr=np.array([_Open(m)], dtype=object))), [OPEN, 'ObjectDType']),
     'getattr': (lambda m: dict(state_dict=_sd(), meta=dict(x=_ViaGetattr(m))),
                 ["builtins.getattr(<class 'numpy.ndarray'>, 'tofile')"]),
+    # argparse.Namespace (timm's args) is allowed as plain data only: a payload in its
+    # __dict__, in a BUILD slotstate, or a subclass with __setstate__ is refused
+    'namespace_attr': (lambda m: dict(state_dict=_sd(), args=argparse.Namespace(
+        lr=0.1, evil=_System(m))), [SYSTEM]),
+    'namespace_slotstate': (lambda m: dict(state_dict=_sd(), args=_NamespaceSlotstate(m)),
+                            [SYSTEM]),
+    'namespace_subclass': (lambda m: dict(state_dict=_sd(), args=_EvilNamespace(
+        marker=str(m))), [f'the global {_EvilNamespace.__module__}._EvilNamespace']),
 }
 
 
@@ -507,3 +529,143 @@ def test_load_backbone_checkpoint_is_safe_by_default(tmp_path):
     with pytest.raises(CheckpointError):
         load_backbone_checkpoint(PaCaViT(arch='tiny'), str(path))
     assert not marker.exists()
+
+
+# ------------------------------------------------- every tool: no trust unless asked
+def _image(tmp_path):
+    cv2 = pytest.importorskip('cv2')
+    image = str(tmp_path / 'img.png')
+    cv2.imwrite(image, np.random.default_rng(0).integers(0, 255, (32, 32, 3), dtype=np.uint8))
+    return image
+
+
+def _data_opts(data_root):
+    return ['--cfg-options'] + [f'{split}_dataloader.dataset.data_root={data_root}'
+                                for split in ('train', 'val', 'test')]
+
+
+# each tool that loads a checkpoint -> its arguments (CKPT: the file, IMG: an image, OUT: an
+# output it must not write, DATA: --cfg-options pointing the dataloaders at tiny data)
+TOOL_ARGS = {
+    'train': [CONFIG, '--resume', 'CKPT', '--work-dir', 'OUT', 'DATA'],
+    'train_load_from': [CONFIG, '--work-dir', 'OUT', 'DATA', 'load_from=CKPT'],
+    'test': [CONFIG, 'CKPT', '--work-dir', 'OUT', 'DATA'],
+    'convert_official_checkpoint': ['CKPT', 'OUT'],
+    'visualize_clusters': [CONFIG, 'CKPT', 'IMG', '--out', 'OUT'],
+    'image_demo': [CONFIG, 'CKPT', 'IMG', '--out', 'OUT'],
+    'deployment/pytorch2onnx': [CONFIG, 'CKPT', '--out', 'OUT', '--shape', '32', '32'],
+}
+
+
+def _tool_argv(tool, tmp_path, ckpt, data_root=None):
+    fill = dict(CKPT=[ckpt], OUT=[str(tmp_path / 'out')],
+                IMG=[_image(tmp_path)] if 'IMG' in TOOL_ARGS[tool] else [],
+                DATA=_data_opts(data_root) if data_root else [])
+    argv = [a for arg in TOOL_ARGS[tool] for a in fill.get(arg, [arg])]
+    return [a.replace('CKPT', ckpt) if a.endswith('=CKPT') else a for a in argv]
+
+
+@pytest.mark.parametrize('tool', sorted(TOOL_ARGS))
+def test_trust_flag_is_off_by_default(tool, tmp_path, load_tool, monkeypatch):
+    """Every tool that loads a checkpoint has ``--trust-checkpoint``, off unless given;
+    tools/get_flops.py loads none (init_cfg is stripped), so it has no such flag."""
+    monkeypatch.setenv('LOCAL_RANK', '0')  # train/test parse_args export it
+    parse = load_tool(tool.replace('_load_from', '')).parse_args
+    argv = _tool_argv(tool, tmp_path, 'x.pth', 'data')
+    assert parse(argv).trust_checkpoint is False
+    assert parse(argv + ['--trust-checkpoint']).trust_checkpoint is True
+    assert TRUST_ENV not in os.environ
+    with pytest.raises(SystemExit):
+        load_tool('get_flops').parse_args([CONFIG, '--trust-checkpoint'])
+
+
+@pytest.mark.parametrize('tool', sorted(TOOL_ARGS))
+def test_every_tool_refuses_payloads_by_default(tool, tmp_path, load_tool, monkeypatch,
+                                               tiny_seg_data):
+    """Each tool, in-process and without the opt-in, refuses a payload checkpoint with
+    the refusal message (a CheckpointError, or the converter's ``error:`` exit), before
+    writing any output; the payload never runs."""
+    pytest.importorskip('mmseg')
+    monkeypatch.setenv('LOCAL_RANK', '0')
+    monkeypatch.chdir(tmp_path)
+    path, marker = _payload(tmp_path, 'meta')
+    argv = _tool_argv(tool, tmp_path, path, tiny_seg_data)
+    try:
+        load_tool(tool.replace('_load_from', '')).main(argv)
+    except CheckpointError as e:
+        message = str(e)
+    except SystemExit as e:
+        message = str(e.code)
+        assert message.startswith('error: '), message
+    else:
+        pytest.fail(f'{tool} loaded a payload checkpoint')
+    _check_refusal(message, 'meta')
+    assert not marker.exists()
+    out = tmp_path / 'out'
+    assert not out.exists() or not [p for p in out.rglob('*') if p.suffix in (
+        '.pth', '.onnx', '.png', '.jpg')], sorted(out.rglob('*'))
+
+
+def test_get_flops_never_loads_init_cfg_checkpoints(tmp_path, load_tool, capsys):
+    """tools/get_flops.py counts a config whose backbone init_cfg names a payload without
+    loading it (the counts do not depend on weights)."""
+    pytest.importorskip('mmseg')
+    path, marker = _payload(tmp_path, 'meta')
+    load_tool('get_flops').main([CONFIG, '--shape', '32', '--cfg-options',
+                                 'model.backbone.init_cfg.type=Pretrained',
+                                 f'model.backbone.init_cfg.checkpoint={path}'])
+    assert 'params: ' in capsys.readouterr().out
+    assert not marker.exists()
+
+
+def _toolbox_script(package, name):
+    """``<package>/.mim/tools/<name>``: the script an installed toolbox wheel ships."""
+    import importlib
+    path = osp.join(osp.dirname(importlib.import_module(package).__file__), '.mim', 'tools',
+                    name)
+    assert osp.isfile(path), path
+    return path
+
+
+DET_CFG = osp.join(ROOT, 'demo', 'configs', 'mask_rcnn_tiny_synthetic_coco.py')
+CLS_CFG = osp.join(ROOT, 'demo', 'configs', 'paca_tiny_synthetic_cls.py')
+
+
+def _toolbox_run(toolbox, tmp_path, ckpt, tiny_seg_data):
+    """(script, argv) of a toolbox's own test.py on a config that brings paca_mm through
+    custom_imports only."""
+    if toolbox == 'mmdet':
+        from demo.datasets.synthetic_coco import generate_synthetic_coco
+        data = generate_synthetic_coco(str(tmp_path / 'det'), num_train=1, num_val=1,
+                                       image_size=(48, 64), max_objects=1,
+                                       object_size=(16, 24), seed=0)
+        root = data['data_root'].rstrip('/') + '/'
+        return 'test.py', [DET_CFG, ckpt, '--cfg-options',
+                           f'test_dataloader.dataset.data_root={root}',
+                           f'test_evaluator.ann_file={root}{data["val_ann"]}']
+    if toolbox == 'mmpretrain':
+        return 'test.py', [CLS_CFG, ckpt, '--cfg-options'] + [
+            f'test_dataloader.dataset.{k}' for k in (
+                f'data_root={tmp_path / "cls"}', 'train_per_class=1', 'val_per_class=1',
+                'img_size=32')]
+    return 'test.py', [CONFIG, ckpt] + _data_opts(tiny_seg_data)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('toolbox', ['mmdet', 'mmpretrain', 'mmseg'])
+def test_toolbox_own_scripts_refuse_payloads(toolbox, tmp_path, tiny_seg_data):
+    """The tools/test.py that each toolbox ships, in a fresh process where paca_mm comes
+    only from the config's custom_imports, refuses a payload checkpoint with paca_mm's
+    refusal (not just torch's weights-only error), before writing anything."""
+    pytest.importorskip(toolbox)
+    path, marker = _payload(tmp_path, 'namespace_attr')
+    script, argv = _toolbox_run(toolbox, tmp_path, path, tiny_seg_data)
+    cmd = [sys.executable, _toolbox_script(toolbox, script)] + argv + [
+        'work_dir=' + str(tmp_path / 'work')]
+    proc = subprocess.run(cmd, cwd=str(tmp_path), env=_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode != 0, proc.stdout[-3000:]
+    assert 'CheckpointError: refusing to load checkpoint' in proc.stderr, proc.stderr[-3000:]
+    _check_refusal(proc.stderr, 'namespace_attr')
+    assert not marker.exists()
+    assert not list((tmp_path / 'work').rglob('*.pth'))
