@@ -669,3 +669,154 @@ def test_toolbox_own_scripts_refuse_payloads(toolbox, tmp_path, tiny_seg_data):
     _check_refusal(proc.stderr, 'namespace_attr')
     assert not marker.exists()
     assert not list((tmp_path / 'work').rglob('*.pth'))
+
+
+# ------------------------------------------------ the official files as they are written
+# timm's train.py arguments as its CheckpointSaver pickles them (an argparse.Namespace of
+# plain values)
+TIMM_ARGS = dict(model='pacavit_tiny_p2cconv_100_0', data_dir='/data/imagenet', dataset='',
+                 num_classes=5, img_size=None, input_size=(3, 224, 224), crop_pct=None,
+                 mean=None, std=None, interpolation='', batch_size=128, epochs=300,
+                 opt='adamw', opt_eps=1e-8, opt_betas=None, momentum=0.9, weight_decay=0.05,
+                 clip_grad=None, sched='cosine', lr=1e-3, lr_noise=None, warmup_lr=1e-6,
+                 min_lr=1e-5, scale=[0.08, 1.0], ratio=[3. / 4., 4. / 3.], hflip=0.5,
+                 aa='rand-m9-mstd0.5-inc1', reprob=0.25, remode='pixel', mixup=0.8,
+                 cutmix=1.0, cutmix_minmax=None, smoothing=0.1, drop_path=0.1,
+                 model_ema=True, model_ema_decay=0.99996, model_ema_force_cpu=False,
+                 amp=True, apex_amp=False, native_amp=True, channels_last=False,
+                 pin_mem=True, prefetcher=True, distributed=True, world_size=8, rank=0,
+                 local_rank=0, device='cuda:0', seed=42, output='', experiment='',
+                 eval_metric='top1', resume='', no_resume_opt=False, initial_checkpoint='',
+                 log_wandb=False)
+
+
+def _official_weights():
+    """(backbone state_dict, classifier head of an ImageNet model with 5 classes)."""
+    torch.manual_seed(0)
+    backbone = PaCaViT(arch=ARCH).state_dict()
+    return backbone, {'head.weight': torch.randn(5, 64), 'head.bias': torch.randn(5)}
+
+
+def _adamw_state():
+    net = torch.nn.Linear(4, 2)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3, betas=(0.9, 0.999))
+    net(torch.ones(1, 4)).sum().backward()
+    opt.step()
+    return net, opt
+
+
+def _timm_checkpoint(path):
+    """What timm's CheckpointSaver writes (timm/utils/checkpoint_saver.py ``_save``): the
+    weights, their EMA (--model-ema), optimizer, AMP scaler, epoch, arch, version, the
+    metric, and the args Namespace."""
+    backbone, head = _official_weights()
+    state = dict(backbone, **head)
+    torch.save(dict(epoch=299, arch=TIMM_ARGS['model'], state_dict=state,
+                    optimizer=_adamw_state()[1].state_dict(), version=2,
+                    args=argparse.Namespace(**TIMM_ARGS),
+                    amp_scaler={'scale': 32768.0, 'growth_factor': 2.0, 'backoff_factor': 0.5,
+                                'growth_interval': 2000, '_growth_tracker': 154},
+                    state_dict_ema={k: v + 1 for k, v in state.items()}, metric=82.91),
+               str(path))
+    return str(path), state
+
+
+def _mmengine_checkpoint(path):
+    """What mmengine's ``Runner.save_checkpoint`` writes (0.7 to 0.10 alike): ``meta``
+    (epoch, iter, cfg as text, seed, experiment_name, time, mmengine_version, dataset_meta),
+    ``state_dict``, ``message_hub`` (``MessageHub.state_dict()``: HistoryBuffers of the
+    logged scalars, the runtime info), ``optimizer`` and ``param_schedulers``."""
+    from mmengine.config import Config
+    from mmengine.logging import MessageHub
+    from mmengine.optim import LinearLR, OptimWrapper, PolyLR
+    net, opt = _adamw_state()
+    wrapper = OptimWrapper(opt)
+    schedulers = [LinearLR(wrapper, start_factor=1e-6, by_epoch=False, begin=0, end=1500),
+                  PolyLR(wrapper, eta_min=0.0, power=1.0, by_epoch=False, begin=1500,
+                         end=160000)]
+    for s in schedulers:
+        s.step()
+    dataset_meta = dict(classes=('wall', 'building', 'sky'),
+                        palette=[[120, 120, 120], [180, 120, 120], [6, 230, 230]],
+                        label_map=None, reduce_zero_label=True)
+    hub = MessageHub.get_instance('paca_mm_test_official_mmengine')
+    for i in range(3):
+        hub.update_scalar('train/loss', 1.0 / (i + 1))
+        hub.update_scalar('train/lr', 6e-5)
+    hub.update_info_dict(dict(loop_stage='train', epoch=0, iter=160000, max_epochs=1,
+                              max_iters=160000, dataset_meta=dataset_meta, eta=12.5,
+                              last_ckpt='work_dirs/x/iter_160000.pth',
+                              keep_ckpt_ids=[144000, 160000], best_score=np.float64(46.32),
+                              best_ckpt='work_dirs/x/best_mIoU_iter_160000.pth'))
+    backbone, _ = _official_weights()
+    state = dict({'backbone.' + k: v for k, v in backbone.items()},
+                 **{'decode_head.conv_seg.weight': torch.randn(3, 8, 1, 1)})
+    meta = dict(epoch=0, iter=160000, cfg=Config.fromfile(CONFIG).pretty_text, seed=1234,
+                experiment_name='upernet_pacavit_tiny_20230612_101010',
+                time='20230612_101010', mmengine_version='0.7.4',
+                dataset_meta=dataset_meta)
+    torch.save(dict(meta=meta, state_dict=state, message_hub=hub.state_dict(),
+                    optimizer=dict(wrapper.state_dict(), loss_scaler={'scale': 512.0}),
+                    param_schedulers=[s.state_dict() for s in schedulers]), str(path))
+    return str(path), backbone
+
+
+@pytest.mark.parametrize('layout', ['timm', 'mmengine'])
+def test_official_files_load_without_opt_in(tmp_path, layout, mechanism, load_tool):
+    """An ImageNet release as timm's CheckpointSaver writes it and a COCO/ADE release as
+    mmengine's Runner writes it load, without the opt-in, through the loader (metadata
+    intact), init_cfg=dict(type='Pretrained') and the converter, and the weights taken
+    are ``state_dict``'s (not timm's EMA)."""
+    from mmengine.runner import CheckpointLoader
+    backbone, _ = _official_weights()
+    path, _ = (_timm_checkpoint if layout == 'timm' else _mmengine_checkpoint)(
+        tmp_path / f'{layout}.pth')
+    for ckpt in (load_checkpoint_file(path), CheckpointLoader.load_checkpoint(path)):
+        if layout == 'timm':
+            assert type(ckpt['args']) is argparse.Namespace
+            assert vars(ckpt['args']) == TIMM_ARGS
+            assert (ckpt['epoch'], ckpt['metric'], ckpt['version']) == (299, 82.91, 2)
+        else:
+            hub = ckpt['message_hub']
+            assert hub['log_scalars']['train/loss'].current() == pytest.approx(1 / 3)
+            assert hub['runtime_info']['best_score'] == np.float64(46.32)
+            assert hub['runtime_info']['dataset_meta']['classes'] == ('wall', 'building',
+                                                                      'sky')
+            assert ckpt['meta']['mmengine_version'] == '0.7.4'
+            assert [s['end'] for s in ckpt['param_schedulers']] == [1500, 160000]
+        assert ckpt['optimizer']['param_groups'][0]['betas'] == (0.9, 0.999)
+
+    def check(model_sd):
+        assert model_sd.keys() == backbone.keys()
+        for k, v in backbone.items():
+            assert torch.equal(model_sd[k], v), k  # state_dict, not state_dict_ema
+
+    model = PaCaViT(arch=ARCH, init_cfg=dict(type='Pretrained', checkpoint=path, strict=True))
+    model.init_weights()
+    check(model.state_dict())
+    dst = str(tmp_path / 'converted.pth')
+    load_tool('convert_official_checkpoint').main([path, dst])
+    check(load_checkpoint_file(dst)['state_dict'])
+
+
+def test_timm_ema_weights_only_when_asked(tmp_path, load_tool):
+    """``--ema`` (``state_dict_of(ckpt, ema=True)``) takes a timm file's state_dict_ema,
+    also for the classifier head; a file without one is an error, not a silent fallback."""
+    from paca_mm.checkpoint import state_dict_of
+    path, state = _timm_checkpoint(tmp_path / 'timm.pth')
+    tool = load_tool('convert_official_checkpoint')
+    for ema in (False, True):
+        dst = str(tmp_path / f'cls_{ema}.pth')
+        tool.main([path, dst, '--to', 'classifier'] + (['--ema'] if ema else []))
+        got = load_checkpoint_file(dst)['state_dict']
+        assert len(got) == len(state)
+        for k, v in state.items():
+            key = 'head.fc.' + k[5:] if k.startswith('head.') else 'backbone.' + k
+            assert torch.equal(got[key], v + 1 if ema else v), (ema, k)
+    assert torch.equal(state_dict_of(load_checkpoint_file(path), ema=True)['head.bias'],
+                       state['head.bias'] + 1)
+    mm_path, _ = _mmengine_checkpoint(tmp_path / 'mmengine.pth')
+    with pytest.raises(SystemExit, match='no state_dict_ema'):
+        tool.main([mm_path, str(tmp_path / 'x.pth'), '--ema'])
+    with pytest.raises(CheckpointError, match='no state_dict_ema'):
+        state_dict_of(load_checkpoint_file(mm_path), ema=True)
