@@ -58,6 +58,13 @@ class _Open(_System):
         return open, (self.marker, 'w')
 
 
+class _Eval(_System):
+    """eval("open(MARKER, 'w')")"""
+
+    def __reduce__(self):
+        return eval, (f'open({self.marker!r}, "w")',)
+
+
 class _NdarrayTofile:
     """Pickles as builtins.getattr(numpy.ndarray, 'tofile')."""
 
@@ -100,6 +107,8 @@ PAYLOADS = {
     'meta': (lambda m: dict(state_dict=_sd(), meta=dict(evil=_System(m))), [SYSTEM]),
     'state_dict': (lambda m: dict(state_dict=dict(_sd(), evil=_Open(m)), meta={}), [OPEN]),
     'top_level': (lambda m: _System(m), [SYSTEM]),
+    'eval': (lambda m: dict(state_dict=_sd(), meta=dict(x=_Eval(m))),
+             ['the global builtins.eval', 'the global eval,']),  # torch names builtins bare
     # torch's weights-only unpickler already refuses the object dtype
     'numpy_object_array': (lambda m: dict(state_dict=_sd(), meta=dict(
         arr=np.array([_Open(m)], dtype=object))), [OPEN, 'ObjectDType']),
