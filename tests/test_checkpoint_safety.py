@@ -169,7 +169,8 @@ def _benign(path, state_dict=None):
 
 @pytest.fixture(autouse=True)
 def _no_trust_env(monkeypatch):
-    monkeypatch.delenv(TRUST_ENV, raising=False)
+    monkeypatch.setenv(TRUST_ENV, '0')  # so that teardown also removes one a tool set
+    monkeypatch.delenv(TRUST_ENV)
 
 
 def _mechanisms():
