@@ -40,12 +40,8 @@ _WRAPPER_KEYS = ('state_dict', 'model', 'module', 'model_state')
 def state_dict_of(ckpt, ema: bool = False) -> 'OrderedDict':
     """The tensors of a checkpoint's state_dict, whatever wraps it: a plain state_dict, or
     one under ``state_dict`` / ``model`` / ``module`` / ``model_state`` (nested too); a DDP
-    ``module.`` prefix is stripped and non-tensor entries are dropped.
-
-    A timm ``CheckpointSaver`` file holds the trained weights under ``state_dict`` and,
-    when trained with ``--model-ema``, their moving average under ``state_dict_ema``:
-    ``state_dict`` is taken (timm's own ``load_checkpoint`` default), ``ema=True`` takes
-    ``state_dict_ema`` (an error if the file has none)."""
+    ``module.`` prefix is stripped and non-tensor entries are dropped. ``ema=True``: a timm
+    file's ``state_dict_ema`` (default: its ``state_dict``, as timm loads it)."""
     if not isinstance(ckpt, dict):
         raise CheckpointError(f'expected a dict checkpoint, got {type(ckpt).__name__}')
     if ema and not isinstance(ckpt.get('state_dict_ema'), dict):
