@@ -567,16 +567,13 @@ def _tool_argv(tool, tmp_path, ckpt, data_root=None):
 
 @pytest.mark.parametrize('tool', sorted(TOOL_ARGS))
 def test_trust_flag_is_off_by_default(tool, tmp_path, load_tool, monkeypatch):
-    """Every tool that loads a checkpoint has ``--trust-checkpoint``, off unless given;
-    tools/get_flops.py loads none (init_cfg is stripped), so it has no such flag."""
+    """Every tool that loads a checkpoint has ``--trust-checkpoint``, off unless given."""
     monkeypatch.setenv('LOCAL_RANK', '0')  # train/test parse_args export it
     parse = load_tool(tool.replace('_load_from', '')).parse_args
     argv = _tool_argv(tool, tmp_path, 'x.pth', 'data')
     assert parse(argv).trust_checkpoint is False
     assert parse(argv + ['--trust-checkpoint']).trust_checkpoint is True
     assert TRUST_ENV not in os.environ
-    with pytest.raises(SystemExit):
-        load_tool('get_flops').parse_args([CONFIG, '--trust-checkpoint'])
 
 
 @pytest.mark.parametrize('tool', sorted(TOOL_ARGS))
@@ -605,8 +602,11 @@ def test_every_tool_refuses_payloads_by_default(tool, tmp_path, monkeypatch, tin
 
 def test_get_flops_never_loads_init_cfg_checkpoints(tmp_path, load_tool, capsys):
     """tools/get_flops.py counts a config whose backbone init_cfg names a payload without
-    loading it (the counts do not depend on weights)."""
+    loading it (the counts do not depend on weights); loading nothing, it has no
+    --trust-checkpoint."""
     pytest.importorskip('mmseg')
+    with pytest.raises(SystemExit):
+        load_tool('get_flops').parse_args([CONFIG, '--trust-checkpoint'])
     path, marker = _payload(tmp_path, 'meta')
     load_tool('get_flops').main([CONFIG, '--shape', '32', '--cfg-options',
                                  'model.backbone.init_cfg.type=Pretrained',
