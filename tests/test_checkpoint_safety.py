@@ -5,9 +5,11 @@ Each payload below creates a marker file when it is unpickled in full (checked b
 the tool's one-line error exit) naming the refused global and the opt-in, and the marker
 must never appear: paca_mm's own loader, ``init_cfg=dict(type='Pretrained')`` of PaCaViT,
 the converter, the visualisation tools, mmengine's ``CheckpointLoader`` / ``load_checkpoint``
-(local and http) after ``import paca_mm``, mmseg's ``init_model`` in a fresh process, and
-``tools/test.py`` / ``tools/train.py --resume``. Runner checkpoints (HistoryBuffers, numpy
-scalars), official plain state_dicts and the converter's output load without the opt-in;
+(local and http) after ``import paca_mm``, mmseg's ``init_model`` in a fresh process, every
+script of tools/ that loads a checkpoint (``--trust-checkpoint`` off by default) and the
+toolboxes' own tools/test.py. Runner checkpoints (HistoryBuffers, numpy scalars), official
+files as timm's CheckpointSaver and mmengine's Runner write them (``state_dict`` taken, not
+the EMA) and the converter's output load without the opt-in;
 ``trust=True`` / ``--trust-checkpoint`` / ``PACA_MM_TRUST_CHECKPOINTS=1`` load a trusted
 file holding another (benign) class.
 
@@ -16,6 +18,7 @@ unpickler with the allow-list (torch >= 2.4) and paca_mm's restricted unpickler 
 forced here by hiding ``torch.serialization.add_safe_globals``).
 """
 import argparse
+import fractions
 import json
 import os
 import os.path as osp
@@ -55,6 +58,13 @@ class _Open(_System):
         return open, (self.marker, 'w')
 
 
+class _Eval(_System):
+    """eval("open(MARKER, 'w')")"""
+
+    def __reduce__(self):
+        return eval, (f'open({self.marker!r}, "w")',)
+
+
 class _NdarrayTofile:
     """Pickles as builtins.getattr(numpy.ndarray, 'tofile')."""
 
@@ -72,6 +82,20 @@ class _ViaGetattr(_System):
         return _NdarrayTofile(), (np.zeros(1), self.marker)
 
 
+class _EvilNamespace(argparse.Namespace):
+    """A Namespace subclass whose __setstate__ writes the marker."""
+
+    def __setstate__(self, state):
+        open(state['marker'], 'w').close()
+
+
+class _NamespaceSlotstate(_System):
+    """argparse.Namespace() completed by BUILD (state, slotstate): setattr of a payload."""
+
+    def __reduce__(self):
+        return argparse.Namespace, (), (None, {'evil': _System(self.marker)})
+
+
 def _sd():
     return {'w': torch.ones(2)}
 
@@ -83,11 +107,21 @@ PAYLOADS = {
     'meta': (lambda m: dict(state_dict=_sd(), meta=dict(evil=_System(m))), [SYSTEM]),
     'state_dict': (lambda m: dict(state_dict=dict(_sd(), evil=_Open(m)), meta={}), [OPEN]),
     'top_level': (lambda m: _System(m), [SYSTEM]),
+    'eval': (lambda m: dict(state_dict=_sd(), meta=dict(x=_Eval(m))),
+             ['the global builtins.eval', 'the global eval,']),  # torch names builtins bare
     # torch's weights-only unpickler already refuses the object dtype
     'numpy_object_array': (lambda m: dict(state_dict=_sd(), meta=dict(
         arr=np.array([_Open(m)], dtype=object))), [OPEN, 'ObjectDType']),
     'getattr': (lambda m: dict(state_dict=_sd(), meta=dict(x=_ViaGetattr(m))),
                 ["builtins.getattr(<class 'numpy.ndarray'>, 'tofile')"]),
+    # argparse.Namespace (timm's args) is allowed as plain data only: a payload in its
+    # __dict__, in a BUILD slotstate, or a subclass with __setstate__ is refused
+    'namespace_attr': (lambda m: dict(state_dict=_sd(), args=argparse.Namespace(
+        lr=0.1, evil=_System(m))), [SYSTEM]),
+    'namespace_slotstate': (lambda m: dict(state_dict=_sd(), args=_NamespaceSlotstate(m)),
+                            [SYSTEM]),
+    'namespace_subclass': (lambda m: dict(state_dict=_sd(), args=_EvilNamespace(
+        marker=str(m))), [f'the global {_EvilNamespace.__module__}._EvilNamespace']),
 }
 
 
@@ -127,15 +161,16 @@ def _check_runner_checkpoint(ckpt):
 
 
 def _benign(path, state_dict=None):
-    """A trusted file holding a class outside the allow-list (argparse.Namespace)."""
+    """A trusted file holding a class outside the allow-list (fractions.Fraction)."""
     torch.save(dict(state_dict=_sd() if state_dict is None else state_dict,
-                    meta=dict(args=argparse.Namespace(lr=0.1))), str(path))
+                    meta=dict(lr=fractions.Fraction(1, 10))), str(path))
     return str(path)
 
 
 @pytest.fixture(autouse=True)
 def _no_trust_env(monkeypatch):
-    monkeypatch.delenv(TRUST_ENV, raising=False)
+    monkeypatch.setenv(TRUST_ENV, '0')  # so that teardown also removes one a tool set
+    monkeypatch.delenv(TRUST_ENV)
 
 
 def _mechanisms():
@@ -257,12 +292,12 @@ def test_opt_in_argument_and_env_var(tmp_path, monkeypatch, mechanism, load_tool
     for load in (load_checkpoint_file, CheckpointLoader.load_checkpoint):
         with pytest.raises(CheckpointError) as e:
             load(path)
-        assert 'argparse.Namespace' in str(e.value) and TRUST_ENV in str(e.value)
+        assert 'fractions.Fraction' in str(e.value) and TRUST_ENV in str(e.value)
     # the argument
-    assert load_checkpoint_file(path, trust=True)['meta']['args'].lr == 0.1
+    assert load_checkpoint_file(path, trust=True)['meta']['lr'] == fractions.Fraction(1, 10)
     dst = tmp_path / 'converted.pth'
     tool = load_tool('convert_official_checkpoint')
-    with pytest.raises(SystemExit, match='argparse.Namespace'):
+    with pytest.raises(SystemExit, match='fractions.Fraction'):
         tool.main([path, str(dst)])
     tool.main([path, str(dst), '--trust-checkpoint'])
     assert torch.equal(load_checkpoint_file(str(dst))['state_dict']['w'], torch.ones(2))
@@ -271,14 +306,14 @@ def test_opt_in_argument_and_env_var(tmp_path, monkeypatch, mechanism, load_tool
         load_checkpoint_file(path)
     # the environment variable: every loader, also mmengine's (the toolboxes' scripts)
     monkeypatch.setenv(TRUST_ENV, '1')
-    assert load_checkpoint_file(path)['meta']['args'].lr == 0.1
-    assert CheckpointLoader.load_checkpoint(path)['meta']['args'].lr == 0.1
+    assert load_checkpoint_file(path)['meta']['lr'] == fractions.Fraction(1, 10)
+    assert CheckpointLoader.load_checkpoint(path)['meta']['lr'] == fractions.Fraction(1, 10)
     monkeypatch.setenv(TRUST_ENV, '0')
     with pytest.raises(CheckpointError):
         CheckpointLoader.load_checkpoint(path)
     # init_cfg=dict(type='Pretrained', trust=True): the argument for the backbone's loader
     sd_path = _benign(tmp_path / 'trusted_backbone.pth', PaCaViT(arch=ARCH).state_dict())
-    with pytest.raises(CheckpointError, match='argparse.Namespace'):
+    with pytest.raises(CheckpointError, match='fractions.Fraction'):
         PaCaViT(arch=ARCH, init_cfg=dict(type='Pretrained', checkpoint=sd_path)).init_weights()
     model = PaCaViT(arch=ARCH, init_cfg=dict(type='Pretrained', checkpoint=sd_path,
                                              trust=True))
@@ -317,7 +352,7 @@ def test_visualization_loaders(tmp_path, mechanism, load_tool):
             load_tool('image_demo').main([CONFIG, path, image, '--out', str(tmp_path / 'o.png')])
         assert not marker.exists()
     trusted, ref = _seg_model_checkpoint(tmp_path, benign=True)
-    with pytest.raises(CheckpointError, match='argparse.Namespace'):
+    with pytest.raises(CheckpointError, match='fractions.Fraction'):
         build_model(CONFIG, trusted)
     torch.manual_seed(1)  # another random init: the weights must come from the file
     model = build_model(CONFIG, trusted, trust=True)
@@ -406,22 +441,10 @@ def _run_tool(tool, args, data_root, cwd):
 
 
 @pytest.mark.slow
-def test_tools_test_and_train_refuse_payloads(tmp_path, tiny_seg_data):
-    path, marker = _payload(tmp_path, 'meta')
-    rc, out, err = _run_tool('test', [path], tiny_seg_data, tmp_path)
-    assert rc != 0 and err.strip().splitlines()[-1].startswith('error: refusing'), out[-3000:]
-    _check_refusal(err, 'meta')
-    rc, out, err = _run_tool('train', ['--resume', path], tiny_seg_data, tmp_path)
-    assert rc != 0 and err.strip().splitlines()[-1].startswith('error: refusing'), out[-3000:]
-    _check_refusal(err, 'meta')
-    assert not marker.exists()
-
-
-@pytest.mark.slow
 def test_tools_test_trust_checkpoint(tmp_path, tiny_seg_data):
     trusted, _ = _seg_model_checkpoint(tmp_path, benign=True)
     rc, out, err = _run_tool('test', [trusted], tiny_seg_data, tmp_path)
-    assert rc != 0 and 'argparse.Namespace' in err, out[-3000:]
+    assert rc != 0 and 'fractions.Fraction' in err, out[-3000:]
     rc, out, _ = _run_tool('test', [trusted, '--trust-checkpoint'], tiny_seg_data, tmp_path)
     assert rc == 0, out[-3000:]
     assert 'Load checkpoint from' in out and 'mIoU' in out
@@ -506,3 +529,291 @@ def test_load_backbone_checkpoint_is_safe_by_default(tmp_path):
     with pytest.raises(CheckpointError):
         load_backbone_checkpoint(PaCaViT(arch='tiny'), str(path))
     assert not marker.exists()
+
+
+# ------------------------------------------------- every tool: no trust unless asked
+def _image(tmp_path):
+    cv2 = pytest.importorskip('cv2')
+    image = str(tmp_path / 'img.png')
+    cv2.imwrite(image, np.random.default_rng(0).integers(0, 255, (32, 32, 3), dtype=np.uint8))
+    return image
+
+
+def _data_opts(data_root):
+    return ['--cfg-options'] + [f'{split}_dataloader.dataset.data_root={data_root}'
+                                for split in ('train', 'val', 'test')]
+
+
+# each tool that loads a checkpoint -> its arguments (CKPT: the file, IMG: an image, OUT: an
+# output it must not write, DATA: --cfg-options pointing the dataloaders at tiny data)
+TOOL_ARGS = {
+    'train': [CONFIG, '--resume', 'CKPT', '--work-dir', 'OUT', 'DATA'],
+    'train_load_from': [CONFIG, '--work-dir', 'OUT', 'DATA', 'load_from=CKPT'],
+    'test': [CONFIG, 'CKPT', '--work-dir', 'OUT', 'DATA'],
+    'convert_official_checkpoint': ['CKPT', 'OUT'],
+    'visualize_clusters': [CONFIG, 'CKPT', 'IMG', '--out', 'OUT'],
+    'image_demo': [CONFIG, 'CKPT', 'IMG', '--out', 'OUT'],
+    'deployment/pytorch2onnx': [CONFIG, 'CKPT', '--out', 'OUT', '--shape', '32', '32'],
+}
+
+
+def _tool_argv(tool, tmp_path, ckpt, data_root=None):
+    fill = dict(CKPT=[ckpt], OUT=[str(tmp_path / 'out')],
+                IMG=[_image(tmp_path)] if 'IMG' in TOOL_ARGS[tool] else [],
+                DATA=_data_opts(data_root) if data_root else [])
+    argv = [a for arg in TOOL_ARGS[tool] for a in fill.get(arg, [arg])]
+    return [a.replace('CKPT', ckpt) if a.endswith('=CKPT') else a for a in argv]
+
+
+@pytest.mark.parametrize('tool', sorted(TOOL_ARGS))
+def test_trust_flag_is_off_by_default(tool, tmp_path, load_tool, monkeypatch):
+    """Every tool that loads a checkpoint has ``--trust-checkpoint``, off unless given."""
+    monkeypatch.setenv('LOCAL_RANK', '0')  # train/test parse_args export it
+    parse = load_tool(tool.replace('_load_from', '')).parse_args
+    argv = _tool_argv(tool, tmp_path, 'x.pth', 'data')
+    assert parse(argv).trust_checkpoint is False
+    assert parse(argv + ['--trust-checkpoint']).trust_checkpoint is True
+    assert TRUST_ENV not in os.environ
+
+
+@pytest.mark.parametrize('tool', sorted(TOOL_ARGS))
+def test_every_tool_refuses_payloads_by_default(tool, tmp_path, monkeypatch, tiny_seg_data):
+    """Each tool, run as a script (in-process: ``runpy``, ``__name__ == '__main__'``)
+    without the opt-in, stops on a payload checkpoint with one ``error: refusing ...`` line
+    that names the refused global and the opt-in, before writing any output; the payload
+    never runs. (The toolboxes' own scripts: test_toolbox_own_scripts_refuse_payloads.)"""
+    import runpy
+    pytest.importorskip('mmseg')
+    monkeypatch.setenv('LOCAL_RANK', '0')
+    monkeypatch.chdir(tmp_path)
+    path, marker = _payload(tmp_path, 'meta')
+    script = osp.join(ROOT, 'tools', tool.replace('_load_from', '') + '.py')
+    monkeypatch.setattr(sys, 'argv', [script] + _tool_argv(tool, tmp_path, path, tiny_seg_data))
+    with pytest.raises(SystemExit) as e:
+        runpy.run_path(script, run_name='__main__')
+    message = str(e.value.code)
+    assert message.startswith('error: refusing to load checkpoint'), message
+    _check_refusal(message, 'meta')
+    assert not marker.exists()
+    out = tmp_path / 'out'
+    assert not out.exists() or not [p for p in out.rglob('*') if p.suffix in (
+        '.pth', '.onnx', '.png', '.jpg')], sorted(out.rglob('*'))
+
+
+def test_get_flops_never_loads_init_cfg_checkpoints(tmp_path, load_tool, capsys):
+    """tools/get_flops.py counts a config whose backbone init_cfg names a payload without
+    loading it (the counts do not depend on weights); loading nothing, it has no
+    --trust-checkpoint."""
+    pytest.importorskip('mmseg')
+    with pytest.raises(SystemExit):
+        load_tool('get_flops').parse_args([CONFIG, '--trust-checkpoint'])
+    path, marker = _payload(tmp_path, 'meta')
+    load_tool('get_flops').main([CONFIG, '--shape', '32', '--cfg-options',
+                                 'model.backbone.init_cfg.type=Pretrained',
+                                 f'model.backbone.init_cfg.checkpoint={path}'])
+    assert 'params: ' in capsys.readouterr().out
+    assert not marker.exists()
+
+
+def _toolbox_script(package, name):
+    """``<package>/.mim/tools/<name>``: the script an installed toolbox wheel ships."""
+    import importlib
+    path = osp.join(osp.dirname(importlib.import_module(package).__file__), '.mim', 'tools',
+                    name)
+    assert osp.isfile(path), path
+    return path
+
+
+DET_CFG = osp.join(ROOT, 'demo', 'configs', 'mask_rcnn_tiny_synthetic_coco.py')
+CLS_CFG = osp.join(ROOT, 'demo', 'configs', 'paca_tiny_synthetic_cls.py')
+
+
+def _toolbox_run(toolbox, tmp_path, ckpt, tiny_seg_data):
+    """(script, argv) of a toolbox's own test.py on a config that brings paca_mm through
+    custom_imports only."""
+    if toolbox == 'mmdet':
+        from demo.datasets.synthetic_coco import generate_synthetic_coco
+        data = generate_synthetic_coco(str(tmp_path / 'det'), num_train=1, num_val=1,
+                                       image_size=(48, 64), max_objects=1,
+                                       object_size=(16, 24), seed=0)
+        root = data['data_root'].rstrip('/') + '/'
+        return 'test.py', [DET_CFG, ckpt, '--cfg-options',
+                           f'test_dataloader.dataset.data_root={root}',
+                           f'test_evaluator.ann_file={root}{data["val_ann"]}']
+    if toolbox == 'mmpretrain':
+        return 'test.py', [CLS_CFG, ckpt, '--cfg-options'] + [
+            f'test_dataloader.dataset.{k}' for k in (
+                f'data_root={tmp_path / "cls"}', 'train_per_class=1', 'val_per_class=1',
+                'img_size=32')]
+    return 'test.py', [CONFIG, ckpt] + _data_opts(tiny_seg_data)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('toolbox', ['mmdet', 'mmpretrain', 'mmseg'])
+def test_toolbox_own_scripts_refuse_payloads(toolbox, tmp_path, tiny_seg_data):
+    """The tools/test.py that each toolbox ships, in a fresh process where paca_mm comes
+    only from the config's custom_imports, refuses a payload checkpoint with paca_mm's
+    refusal (not just torch's weights-only error), before writing anything."""
+    pytest.importorskip(toolbox)
+    path, marker = _payload(tmp_path, 'namespace_attr')
+    script, argv = _toolbox_run(toolbox, tmp_path, path, tiny_seg_data)
+    cmd = [sys.executable, _toolbox_script(toolbox, script)] + argv + [
+        'work_dir=' + str(tmp_path / 'work')]
+    proc = subprocess.run(cmd, cwd=str(tmp_path), env=_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode != 0, proc.stdout[-3000:]
+    assert 'CheckpointError: refusing to load checkpoint' in proc.stderr, proc.stderr[-3000:]
+    _check_refusal(proc.stderr, 'namespace_attr')
+    assert not marker.exists()
+    assert not list((tmp_path / 'work').rglob('*.pth'))
+
+
+# ------------------------------------------------ the official files as they are written
+# timm's train.py arguments as its CheckpointSaver pickles them (an argparse.Namespace of
+# plain values)
+TIMM_ARGS = dict(model='pacavit_tiny_p2cconv_100_0', data_dir='/data/imagenet', dataset='',
+                 num_classes=5, img_size=None, input_size=(3, 224, 224), crop_pct=None,
+                 mean=None, std=None, interpolation='', batch_size=128, epochs=300,
+                 opt='adamw', opt_eps=1e-8, opt_betas=None, momentum=0.9, weight_decay=0.05,
+                 clip_grad=None, sched='cosine', lr=1e-3, lr_noise=None, warmup_lr=1e-6,
+                 min_lr=1e-5, scale=[0.08, 1.0], ratio=[3. / 4., 4. / 3.], hflip=0.5,
+                 aa='rand-m9-mstd0.5-inc1', reprob=0.25, remode='pixel', mixup=0.8,
+                 cutmix=1.0, cutmix_minmax=None, smoothing=0.1, drop_path=0.1,
+                 model_ema=True, model_ema_decay=0.99996, model_ema_force_cpu=False,
+                 amp=True, apex_amp=False, native_amp=True, channels_last=False,
+                 pin_mem=True, prefetcher=True, distributed=True, world_size=8, rank=0,
+                 local_rank=0, device='cuda:0', seed=42, output='', experiment='',
+                 eval_metric='top1', resume='', no_resume_opt=False, initial_checkpoint='',
+                 log_wandb=False)
+
+
+def _official_weights():
+    """(backbone state_dict, classifier head of an ImageNet model with 5 classes)."""
+    torch.manual_seed(0)
+    backbone = PaCaViT(arch=ARCH).state_dict()
+    return backbone, {'head.weight': torch.randn(5, 64), 'head.bias': torch.randn(5)}
+
+
+def _adamw_state():
+    net = torch.nn.Linear(4, 2)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3, betas=(0.9, 0.999))
+    net(torch.ones(1, 4)).sum().backward()
+    opt.step()
+    return net, opt
+
+
+def _timm_checkpoint(path):
+    """What timm's CheckpointSaver writes (timm/utils/checkpoint_saver.py ``_save``): the
+    weights, their EMA (--model-ema), optimizer, AMP scaler, epoch, arch, version, the
+    metric, and the args Namespace."""
+    backbone, head = _official_weights()
+    state = dict(backbone, **head)
+    torch.save(dict(epoch=299, arch=TIMM_ARGS['model'], state_dict=state,
+                    optimizer=_adamw_state()[1].state_dict(), version=2,
+                    args=argparse.Namespace(**TIMM_ARGS),
+                    amp_scaler={'scale': 32768.0, 'growth_factor': 2.0, 'backoff_factor': 0.5,
+                                'growth_interval': 2000, '_growth_tracker': 154},
+                    state_dict_ema={k: v + 1 for k, v in state.items()}, metric=82.91),
+               str(path))
+    return str(path), state
+
+
+def _mmengine_checkpoint(path):
+    """What mmengine's ``Runner.save_checkpoint`` writes (0.7 to 0.10 alike): ``meta``
+    (epoch, iter, cfg as text, seed, experiment_name, time, mmengine_version, dataset_meta),
+    ``state_dict``, ``message_hub`` (``MessageHub.state_dict()``: HistoryBuffers of the
+    logged scalars, the runtime info), ``optimizer`` and ``param_schedulers``."""
+    from mmengine.config import Config
+    from mmengine.logging import MessageHub
+    from mmengine.optim import LinearLR, OptimWrapper, PolyLR
+    net, opt = _adamw_state()
+    wrapper = OptimWrapper(opt)
+    schedulers = [LinearLR(wrapper, start_factor=1e-6, by_epoch=False, begin=0, end=1500),
+                  PolyLR(wrapper, eta_min=0.0, power=1.0, by_epoch=False, begin=1500,
+                         end=160000)]
+    for s in schedulers:
+        s.step()
+    dataset_meta = dict(classes=('wall', 'building', 'sky'),
+                        palette=[[120, 120, 120], [180, 120, 120], [6, 230, 230]],
+                        label_map=None, reduce_zero_label=True)
+    hub = MessageHub.get_instance('paca_mm_test_official_mmengine')
+    for i in range(3):
+        hub.update_scalar('train/loss', 1.0 / (i + 1))
+        hub.update_scalar('train/lr', 6e-5)
+    hub.update_info_dict(dict(loop_stage='train', epoch=0, iter=160000, max_epochs=1,
+                              max_iters=160000, dataset_meta=dataset_meta, eta=12.5,
+                              last_ckpt='work_dirs/x/iter_160000.pth',
+                              keep_ckpt_ids=[144000, 160000], best_score=np.float64(46.32),
+                              best_ckpt='work_dirs/x/best_mIoU_iter_160000.pth'))
+    backbone, _ = _official_weights()
+    state = dict({'backbone.' + k: v for k, v in backbone.items()},
+                 **{'decode_head.conv_seg.weight': torch.randn(3, 8, 1, 1)})
+    meta = dict(epoch=0, iter=160000, cfg=Config.fromfile(CONFIG).pretty_text, seed=1234,
+                experiment_name='upernet_pacavit_tiny_20230612_101010',
+                time='20230612_101010', mmengine_version='0.7.4',
+                dataset_meta=dataset_meta)
+    torch.save(dict(meta=meta, state_dict=state, message_hub=hub.state_dict(),
+                    optimizer=dict(wrapper.state_dict(), loss_scaler={'scale': 512.0}),
+                    param_schedulers=[s.state_dict() for s in schedulers]), str(path))
+    return str(path), backbone
+
+
+@pytest.mark.parametrize('layout', ['timm', 'mmengine'])
+def test_official_files_load_without_opt_in(tmp_path, layout, mechanism, load_tool):
+    """An ImageNet release as timm's CheckpointSaver writes it and a COCO/ADE release as
+    mmengine's Runner writes it load, without the opt-in, through the loader (metadata
+    intact), init_cfg=dict(type='Pretrained') and the converter, and the weights taken
+    are ``state_dict``'s (not timm's EMA)."""
+    from mmengine.runner import CheckpointLoader
+    backbone, _ = _official_weights()
+    path, _ = (_timm_checkpoint if layout == 'timm' else _mmengine_checkpoint)(
+        tmp_path / f'{layout}.pth')
+    for ckpt in (load_checkpoint_file(path), CheckpointLoader.load_checkpoint(path)):
+        if layout == 'timm':
+            assert type(ckpt['args']) is argparse.Namespace
+            assert vars(ckpt['args']) == TIMM_ARGS
+            assert (ckpt['epoch'], ckpt['metric'], ckpt['version']) == (299, 82.91, 2)
+        else:
+            hub = ckpt['message_hub']
+            assert hub['log_scalars']['train/loss'].current() == pytest.approx(1 / 3)
+            assert hub['runtime_info']['best_score'] == np.float64(46.32)
+            assert hub['runtime_info']['dataset_meta']['classes'] == ('wall', 'building',
+                                                                      'sky')
+            assert ckpt['meta']['mmengine_version'] == '0.7.4'
+            assert [s['end'] for s in ckpt['param_schedulers']] == [1500, 160000]
+        assert ckpt['optimizer']['param_groups'][0]['betas'] == (0.9, 0.999)
+
+    def check(model_sd):
+        assert model_sd.keys() == backbone.keys()
+        for k, v in backbone.items():
+            assert torch.equal(model_sd[k], v), k  # state_dict, not state_dict_ema
+
+    model = PaCaViT(arch=ARCH, init_cfg=dict(type='Pretrained', checkpoint=path, strict=True))
+    model.init_weights()
+    check(model.state_dict())
+    dst = str(tmp_path / 'converted.pth')
+    load_tool('convert_official_checkpoint').main([path, dst])
+    check(load_checkpoint_file(dst)['state_dict'])
+
+
+def test_timm_ema_weights_only_when_asked(tmp_path, load_tool):
+    """``--ema`` (``state_dict_of(ckpt, ema=True)``) takes a timm file's state_dict_ema,
+    also for the classifier head; a file without one is an error, not a silent fallback."""
+    from paca_mm.checkpoint import state_dict_of
+    path, state = _timm_checkpoint(tmp_path / 'timm.pth')
+    tool = load_tool('convert_official_checkpoint')
+    for ema in (False, True):
+        dst = str(tmp_path / f'cls_{ema}.pth')
+        tool.main([path, dst, '--to', 'classifier'] + (['--ema'] if ema else []))
+        got = load_checkpoint_file(dst)['state_dict']
+        assert len(got) == len(state)
+        for k, v in state.items():
+            key = 'head.fc.' + k[5:] if k.startswith('head.') else 'backbone.' + k
+            assert torch.equal(got[key], v + 1 if ema else v), (ema, k)
+    assert torch.equal(state_dict_of(load_checkpoint_file(path), ema=True)['head.bias'],
+                       state['head.bias'] + 1)
+    mm_path, _ = _mmengine_checkpoint(tmp_path / 'mmengine.pth')
+    with pytest.raises(SystemExit, match='no state_dict_ema'):
+        tool.main([mm_path, str(tmp_path / 'x.pth'), '--ema'])
+    with pytest.raises(CheckpointError, match='no state_dict_ema'):
+        state_dict_of(load_checkpoint_file(mm_path), ema=True)

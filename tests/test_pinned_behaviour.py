@@ -149,6 +149,8 @@ def test_resume_picks_the_newest_complete_checkpoint(tmp_path):
 
 # ------------------------------------------------------------ the allow-list
 def _expected_globals():
+    import argparse
+
     import numpy as np
     from mmengine.logging import HistoryBuffer
 
@@ -159,8 +161,12 @@ def _expected_globals():
         from numpy.core import multiarray
     kinds = ('bool', 'int8', 'int16', 'int32', 'int64', 'uint8', 'uint16', 'uint32', 'uint64',
              'float16', 'float32', 'float64')
+    # argparse.Namespace: timm's CheckpointSaver pickles the training args as one (the
+    # official ImageNet files); it has no __setstate__, so unpickling only fills its
+    # __dict__, with values that pass this same allow-list
     return ([HistoryBuffer, (loading._history_buffer_getattr, 'builtins.getattr'),
-             multiarray._reconstruct, multiarray.scalar, np.ndarray, np.dtype],
+             argparse.Namespace, multiarray._reconstruct, multiarray.scalar, np.ndarray,
+             np.dtype],
             {type(np.dtype(k)) for k in kinds})
 
 
@@ -185,6 +191,9 @@ def test_safe_unpickler_allow_list_is_pinned():
     unpickler = module.Unpickler(io.BytesIO(b''))
     assert unpickler.find_class('builtins', 'getattr') is loading._history_buffer_getattr
     assert unpickler.find_class('collections', 'OrderedDict') is not None
+    import argparse
+    assert unpickler.find_class('argparse', 'Namespace') is argparse.Namespace
+    assert not hasattr(argparse.Namespace, '__setstate__')  # unpickling fills __dict__ only
     for mod, name in (('builtins', 'eval'), ('builtins', 'exec'), ('os', 'system'),
                       ('posix', 'system'), ('subprocess', 'Popen'), ('builtins', 'open'),
                       ('builtins', '__import__'), ('numpy', 'load')):

@@ -15,7 +15,8 @@ Examples::
 Released files load directly through ``init_cfg=dict(type='Pretrained', checkpoint=...)``
 too; the converter is for layout changes and for checking a file against an arch. It never
 overwrites its input and writes atomically (temporary file + rename). SRC is read
-weights-only (tensors, plus what mmengine Runner checkpoints contain); a file that pickles
+weights-only (tensors, plus what mmengine Runner and timm checkpoints contain: a timm
+file's ``state_dict`` is taken, ``--ema`` takes its ``state_dict_ema``); a file that pickles
 other objects is refused unless you trust it: ``--trust-checkpoint`` or
 ``PACA_MM_TRUST_CHECKPOINTS=1``.
 """
@@ -28,7 +29,7 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 from paca_mm.checkpoint import (CheckpointError, adapt_cluster_layers,  # noqa: E402
                                 convert_official_to_classifier,
                                 extract_backbone_state_dict, load_checkpoint_file,
-                                match_state_dict, save_checkpoint_atomic)
+                                match_state_dict, save_checkpoint_atomic, state_dict_of)
 
 
 def parse_args(argv=None):
@@ -43,6 +44,9 @@ def parse_args(argv=None):
                    help='target cluster count per stage (re-initialises M-dependent layers)')
     p.add_argument('--prefix', default=None,
                    help="key prefix of the backbone in src (default: 'backbone.' if present)")
+    p.add_argument('--ema', action='store_true',
+                   help="take a timm file's EMA weights (state_dict_ema); default: its "
+                   'state_dict, as timm loads it')
     p.add_argument('--trust-checkpoint', action='store_true',
                    help='unpickle src in full (it may run code): only for a file you trust '
                    'that pickles objects beyond tensors and what mmengine Runner checkpoints '
@@ -58,7 +62,7 @@ def main(argv=None):
         sys.exit('error: --num-clusters needs --arch (the model to adapt to)')
     try:
         ckpt = load_checkpoint_file(args.src, trust=args.trust_checkpoint)
-        backbone = extract_backbone_state_dict(ckpt, args.prefix)
+        backbone = extract_backbone_state_dict(ckpt, args.prefix, args.ema)
         if args.arch:
             from paca_mm.models.backbones import PaCaViT
             kwargs = {'num_clusters': args.num_clusters} if args.num_clusters else {}
@@ -75,8 +79,8 @@ def main(argv=None):
                         ('missing', 'unexpected', 'mismatched', 'reinit') if report[name])
                     + '. Pass --num-clusters to adapt a cluster count, or the right --arch.')
         if args.to == 'classifier':
-            head = {k: v for k, v in ckpt.items() if k.startswith('head.')} \
-                if isinstance(ckpt, dict) else {}
+            head = {k: v for k, v in state_dict_of(ckpt, args.ema).items()
+                    if k.startswith('head.')}
             if not head:
                 raise CheckpointError(f'{args.src} has no classifier head.* keys; use --to '
                                       'backbone')

@@ -7,6 +7,8 @@ Layouts accepted by :func:`extract_backbone_state_dict`:
   (``patch_embed.*``, ``stage1.0.*``, ``paca_teacher.*`` ...) and the classifier ``head.*``;
 * mmengine/mmdet/mmseg/mmpretrain files ``{'state_dict': ..., 'meta': ...}`` with keys under
   ``backbone.*`` (and ``neck.*``, ``decode_head.*``, ``head.*`` ...);
+* timm ``CheckpointSaver`` files ``{'state_dict': ..., 'state_dict_ema': ..., 'args': ...}``
+  (``state_dict`` unless EMA is asked for, see :func:`state_dict_of`);
 * any of these wrapped by DDP (``module.`` prefix).
 
 Changing the cluster count at fine-tune time (e.g. 100 -> 200 on ADE20k) is supported: the
@@ -35,13 +37,18 @@ _CLUSTER_ONLY = re.compile(r'(^|\.)attn\.(cluster_norm|clustering)\.')
 _WRAPPER_KEYS = ('state_dict', 'model', 'module', 'model_state')
 
 
-def state_dict_of(ckpt) -> 'OrderedDict':
+def state_dict_of(ckpt, ema: bool = False) -> 'OrderedDict':
     """The tensors of a checkpoint's state_dict, whatever wraps it: a plain state_dict, or
     one under ``state_dict`` / ``model`` / ``module`` / ``model_state`` (nested too); a DDP
-    ``module.`` prefix is stripped and non-tensor entries are dropped."""
+    ``module.`` prefix is stripped and non-tensor entries are dropped. ``ema=True``: a timm
+    file's ``state_dict_ema`` (default: its ``state_dict``, as timm loads it)."""
     if not isinstance(ckpt, dict):
         raise CheckpointError(f'expected a dict checkpoint, got {type(ckpt).__name__}')
-    sd = ckpt
+    if ema and not isinstance(ckpt.get('state_dict_ema'), dict):
+        raise CheckpointError(f'EMA weights asked for, but the checkpoint has no '
+                              f'state_dict_ema (a timm file trained with --model-ema); its '
+                              f'keys: {list(ckpt)[:10]}. Drop the EMA option.')
+    sd = ckpt['state_dict_ema'] if ema else ckpt
     while not any(torch.is_tensor(v) for v in sd.values()):
         inner = next((sd[k] for k in _WRAPPER_KEYS if isinstance(sd.get(k), dict)), None)
         if inner is None:
@@ -50,15 +57,17 @@ def state_dict_of(ckpt) -> 'OrderedDict':
     return OrderedDict((k[len('module.'):] if k.startswith('module.') else k, v)
                        for k, v in sd.items() if torch.is_tensor(v))
 
-def extract_backbone_state_dict(ckpt, prefix: Optional[str] = None) -> 'OrderedDict':
+def extract_backbone_state_dict(ckpt, prefix: Optional[str] = None,
+                                ema: bool = False) -> 'OrderedDict':
     """Backbone state_dict from any accepted layout (see module docstring).
 
     Args:
         prefix: keep only keys under this prefix and strip it (e.g. 'backbone.'). By default
             'backbone.' is used when such keys exist; otherwise the classifier ``head.*`` of an
             official ImageNet file is dropped.
+        ema: a timm file's ``state_dict_ema`` instead of ``state_dict`` (:func:`state_dict_of`).
     """
-    sd = state_dict_of(ckpt)
+    sd = state_dict_of(ckpt, ema)
     if prefix is None and any(k.startswith('backbone.') for k in sd):
         prefix = 'backbone.'
     if prefix:

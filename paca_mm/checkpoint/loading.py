@@ -6,13 +6,15 @@ visualisation tools) and, after ``import paca_mm``, mmengine's ``CheckpointLoade
 local files and ``http(s)://`` (``load_from``, ``--resume``, ``init_model`` ...) go through
 :func:`safe_torch_load`: tensors plus the narrow allow-list of what mmengine Runner
 checkpoints contain (HistoryBuffer, numpy arrays/scalars, HistoryBuffer methods via a
-restricted ``getattr``). Anything else raises :class:`CheckpointError` naming the refused
+restricted ``getattr``) and timm checkpoints contain (the training ``args``, an
+``argparse.Namespace``). Anything else raises :class:`CheckpointError` naming the refused
 global. Opt-in for a trusted file, never automatic: ``trust=True`` (Python API),
 ``--trust-checkpoint`` (tools, :func:`trust_checkpoints`) or the environment variable
 ``PACA_MM_TRUST_CHECKPOINTS=1``.
 """
 import _codecs
 import _compat_pickle
+import argparse
 import io
 import logging
 import os
@@ -91,17 +93,20 @@ def _history_buffer_getattr(obj: Any, name: Any) -> Any:
 
 
 def mmengine_checkpoint_globals() -> List[Any]:
-    """The non-tensor globals an mmengine Runner checkpoint contains.
+    """The non-tensor globals of mmengine Runner and timm ``CheckpointSaver`` checkpoints.
 
-    ``meta.message_hub`` holds :class:`mmengine.logging.HistoryBuffer` objects (numpy
+    A Runner's ``message_hub`` holds :class:`mmengine.logging.HistoryBuffer` objects (numpy
     arrays of logged scalars, plus its statistics methods, pickled as
     ``getattr(HistoryBuffer, name)``) and runtime info such as ``best_score`` (a numpy
-    scalar); everything else is dicts/lists/strings/numbers and tensors. ``getattr`` is
-    given as ``(restricted function, 'builtins.getattr')`` (see
+    scalar); timm stores its training ``args`` as an ``argparse.Namespace`` (no
+    ``__setstate__``: unpickling only fills its ``__dict__``, whose values go through this
+    same allow-list). Everything else is dicts/lists/strings/numbers and tensors.
+    ``getattr`` is given as ``(restricted function, 'builtins.getattr')`` (see
     :func:`_history_buffer_getattr`).
     """
     from mmengine.logging import HistoryBuffer
-    return [HistoryBuffer, (_history_buffer_getattr, 'builtins.getattr'), *_numpy_globals()]
+    return [HistoryBuffer, (_history_buffer_getattr, 'builtins.getattr'), argparse.Namespace,
+            *_numpy_globals()]
 
 
 def allow_mmengine_checkpoint_globals(extra: Sequence[Any] = ()) -> List[Any]:
