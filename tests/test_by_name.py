@@ -197,7 +197,9 @@ def _check_loaded(model, sd):
 
 def test_det_inferencer_by_config_and_by_name(tmp_path, served):
     from mmdet.apis import DetInferencer, init_detector
-    tiny = osp.join(ROOT, 'demo', 'configs', 'mask_rcnn_tiny_synthetic_coco.py')
+    from mmengine.config import Config
+    tiny = Config.fromfile(osp.join(ROOT, 'tests', 'data', 'image_demo_tiny_mask_rcnn.py'))
+    tiny.visualizer = dict(type='DetLocalVisualizer')  # DetInferencer needs one
     ckpt = str(tmp_path / 'tiny.pth')
     sd = _saved_weights(init_detector(tiny, device='cpu'), ckpt)
     inferencer = DetInferencer(model=tiny, weights=ckpt, device='cpu')
@@ -215,7 +217,7 @@ def test_det_inferencer_by_config_and_by_name(tmp_path, served):
 
 def test_seg_inferencer_by_config_and_by_name(tmp_path, served):
     from mmseg.apis import MMSegInferencer, init_model
-    tiny = osp.join(ROOT, 'demo', 'configs', 'pacahead_tiny_synthetic_seg.py')
+    tiny = osp.join(ROOT, 'tests', 'data', 'tools_tiny_seg.py')
     ckpt = str(tmp_path / 'tiny.pth')
     sd = _saved_weights(init_model(tiny, device='cpu'), ckpt)
     inferencer = MMSegInferencer(model=tiny, weights=ckpt, device='cpu')
