@@ -63,6 +63,8 @@ def register_all():
     # torch.load (the toolboxes' own tools/test.py, load_from, --resume, init_model ...)
     from .checkpoint import install_safe_checkpoint_loading
     install_safe_checkpoint_loading()
+    from .apis import register_model_zoo  # models by name (mmpretrain's ModelHub)
+    register_model_zoo()
     from .flops import install_flop_handles  # mmengine's FLOP counters: attention MACs
     install_flop_handles()
 

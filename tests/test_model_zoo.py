@@ -1,5 +1,6 @@
 """The OpenMMLab model-zoo layer: metafiles, model-index.yml, folder READMEs, the packaging of
-configs/tools/index into paca_mm/.mim, and `mim search` on a non-editable install."""
+configs/tools/index into paca_mm/.mim, and `mim search` and models by name on a non-editable
+install."""
 import copy
 import glob
 import os
@@ -168,10 +169,21 @@ def test_install_carries_the_model_zoo_and_mim_search_lists_every_model(installe
     for _, model in MODELS:
         assert (mim_dir / model['Config']).is_file(), model['Config']
     env = dict(os.environ, PYTHONPATH=str(target))
+    # models by name come from the installed copy: mmpretrain's ModelHub and resolve_model
     where = _run([sys.executable, '-c', 'import paca_mm; from mim.utils import '
                   'get_installed_path; print(paca_mm.__file__); '
-                  'print(get_installed_path("paca_mm"))'], env=env, cwd=str(tmp_path))
-    assert where.split() == [str(target / 'paca_mm' / '__init__.py'), str(target / 'paca_mm')]
+                  'print(get_installed_path("paca_mm")); import mmpretrain; '
+                  'print(len(mmpretrain.list_models("*paca*"))); '
+                  'print(mmpretrain.apis.ModelHub.get("pacavit_tiny_p2cconv_100_0_8xb128_in1k")'
+                  '.config.filename); from paca_mm.apis import resolve_model; '
+                  'print(resolve_model("upernet_pacavit_tiny_p2cconv_100_0_512x512_160k_ade20k")'
+                  '[0])'], env=env, cwd=str(tmp_path))
+    assert where.split() == [
+        str(target / 'paca_mm' / '__init__.py'), str(target / 'paca_mm'), '13',
+        str(mim_dir / 'configs' / 'paca_vit_imagenet' /
+            'pacavit_tiny_p2cconv_100_0_8xb128_in1k.py'),
+        str(mim_dir / 'configs' / 'upernet' /
+            'upernet_pacavit_tiny_p2cconv_100_0_512x512_160k_ade20k.py')]
     out = _run([sys.executable, '-m', 'mim', 'search', 'paca_mm'], env=env, cwd=str(tmp_path))
     listed = {line.split(':', 1)[1].strip() for line in out.splitlines()
               if line.startswith('config id:')}
