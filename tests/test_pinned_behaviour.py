@@ -147,6 +147,39 @@ def test_resume_picks_the_newest_complete_checkpoint(tmp_path):
     assert str(tmp_path / 'iter_1.pth') not in warnings[0]
 
 
+def test_resume_skips_every_broken_checkpoint_and_names_them(tmp_path):
+    """The two newest broken (truncated, empty): the oldest is taken and the warning names
+    both skipped files; none complete: the error names every file tried."""
+    from paca_mm.checkpoint import CheckpointError
+    from paca_mm.engine.checkpoints import check_resume_checkpoint
+    cfg = Config.fromfile(osp.join(ROOT, 'tests', 'data', 'tools_tiny_seg.py'))
+    cfg.default_hooks.checkpoint.by_epoch = False
+    cfg.default_hooks.checkpoint.pop('filename_tmpl', None)
+    cfg.merge_from_dict(dict(work_dir=str(tmp_path), resume=True, load_from=None))
+    for step in (1, 2, 3):
+        _runner_checkpoint(str(tmp_path / f'iter_{step}.pth'), step)
+    newest = tmp_path / 'iter_3.pth'
+    newest.write_bytes(newest.read_bytes()[:100])
+    (tmp_path / 'iter_2.pth').write_bytes(b'')
+    (tmp_path / 'last_checkpoint').write_text(str(newest))
+    warnings = check_resume_checkpoint(cfg)
+    assert cfg.load_from == str(tmp_path / 'iter_1.pth')
+    assert len(warnings) == 1 and 'also skipped' in warnings[0], warnings
+    assert str(tmp_path / 'iter_2.pth') + ' is empty' in warnings[0], warnings
+    (tmp_path / 'iter_1.pth').write_bytes(b'x')
+    cfg.load_from = None
+    with pytest.raises(CheckpointError, match='no complete checkpoint') as e:
+        check_resume_checkpoint(cfg)
+    assert all(str(tmp_path / f'iter_{i}.pth') in str(e.value) for i in (1, 2, 3))
+    # an empty last_checkpoint: the newest complete file of the work dir
+    _runner_checkpoint(str(tmp_path / 'iter_2.pth'), 2)
+    (tmp_path / 'last_checkpoint').write_text('')
+    cfg.load_from = None
+    warnings = check_resume_checkpoint(cfg)
+    assert cfg.load_from == str(tmp_path / 'iter_2.pth')
+    assert 'last_checkpoint is empty' in warnings[0], warnings
+
+
 # ------------------------------------------------------------ the allow-list
 def _expected_globals():
     import argparse
