@@ -1,4 +1,5 @@
-"""Config -> model (+ checkpoint) and image -> network-input pixels, for the tools.
+"""Config -> model (+ checkpoint), what kind of model it is, and image -> network-input
+pixels, for the tools, the cluster explainer and the ONNX export.
 
 Works for mmpretrain classifiers, mmdet detectors and mmseg segmentors: the toolbox is the
 config's ``default_scope``.
@@ -15,6 +16,49 @@ from mmengine.config import Config
 from mmengine.logging import print_log
 
 from ..registry import get_scope
+
+MODEL_KINDS = {('mmdet', 'BaseDetector'): 'detector', ('mmseg', 'BaseSegmentor'): 'segmentor',
+               ('mmpretrain', 'BaseClassifier'): 'classifier'}
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model inside DDP-style (and TTA) ``.module`` wrappers."""
+    while isinstance(getattr(model, 'module', None), nn.Module) and \
+            not hasattr(model, 'data_preprocessor') and not hasattr(model, 'record_clusters'):
+        model = model.module
+    return model
+
+
+def model_kind(model: nn.Module) -> str:
+    """'detector', 'segmentor' or 'classifier' for a model (or a wrapper of one) derived
+    from mmdet's, mmseg's or mmpretrain's base class of that name, else 'model'."""
+    for cls in type(unwrap(model)).__mro__:
+        kind = MODEL_KINDS.get((cls.__module__.split('.')[0], cls.__name__))
+        if kind:
+            return kind
+    return 'model'
+
+
+def normalize_inputs(model: nn.Module, raw: torch.Tensor) -> torch.Tensor:
+    """Apply the model's data_preprocessor channel order and mean/std to raw pixels.
+
+    Args:
+        raw: (B, 3, H, W) float, BGR in [0, 255] (as LoadImageFromFile + Pack* produce).
+    Returns (B, 3, H, W) normalised float input for ``model.backbone`` / ``model(...)``.
+    No padding is applied (PaCaViT accepts any size). Traceable: the ONNX export
+    (:mod:`paca_mm.deployment`) puts it into the graph.
+    """
+    if raw.dim() != 4:
+        raise ValueError(f'expected (B, 3, H, W) raw images, got shape {tuple(raw.shape)}')
+    dp = getattr(unwrap(model), 'data_preprocessor', None)
+    x = raw.float()
+    if any(getattr(dp, a, False) for a in ('_channel_conversion', 'channel_conversion', 'to_rgb')) \
+            and x.shape[1] == 3:
+        x = x.flip(1)
+    mean, std = getattr(dp, 'mean', None), getattr(dp, 'std', None)
+    if getattr(dp, '_enable_normalize', mean is not None) and mean is not None:
+        x = (x - mean.to(x).view(1, -1, 1, 1)) / std.to(x).view(1, -1, 1, 1)
+    return x
 
 
 def load_config(config: Union[str, Config], cfg_options: Optional[dict] = None) -> Config:
