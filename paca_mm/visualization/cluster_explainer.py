@@ -65,11 +65,6 @@ def check_stage(backbone: nn.Module, stage: int) -> int:
     return stage - 1
 
 
-def _device(model: nn.Module) -> torch.device:
-    p = next(iter(model.parameters()), None)
-    return p.device if p is not None else torch.device('cpu')
-
-
 @torch.no_grad()
 def stage_cluster_logits(model: nn.Module, raw: torch.Tensor, stage: int = 3) -> torch.Tensor:
     """Pre-softmax cluster assignment logits of one stage, from one backbone forward pass.
@@ -83,7 +78,7 @@ def stage_cluster_logits(model: nn.Module, raw: torch.Tensor, stage: int = 3) ->
     backbone = find_backbone(model)
     s = check_stage(backbone, stage)
     raw = raw[None] if raw.dim() == 3 else raw
-    x = normalize_inputs(model, raw.to(_device(backbone)))
+    x = normalize_inputs(model, raw.to(next(backbone.parameters()).device))
     with recording(backbone):
         backbone(x)
         return backbone.cluster_logits[s].float()
@@ -118,8 +113,7 @@ def classify(model: nn.Module, raw: torch.Tensor, batch_size: int = 16) -> torch
     if model_kind(model) != 'classifier':
         raise TypeError(f'{type(model).__name__} is not an image classifier; the group '
                         'analysis needs class predictions (the heatmaps work for any model)')
-    device = _device(model)
-    out = []
+    device, out = next(model.parameters()).device, []
     for i in range(0, raw.shape[0], batch_size):
         x = normalize_inputs(model, raw[i:i + batch_size].to(device))
         logits = model(x, mode='tensor')

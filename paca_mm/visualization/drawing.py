@@ -16,9 +16,7 @@ _FONT = 0  # cv2.FONT_HERSHEY_SIMPLEX
 
 def to_bgr_image(raw) -> np.ndarray:
     """(3, H, W) tensor/array of BGR pixels in [0, 255] -> (H, W, 3) uint8 BGR."""
-    if torch.is_tensor(raw):
-        raw = raw.detach().float().cpu().numpy()
-    raw = np.asarray(raw)
+    raw = np.asarray(raw.detach().float().cpu() if torch.is_tensor(raw) else raw)
     if raw.ndim != 3 or raw.shape[0] not in (1, 3):
         raise ValueError(f'expected a (3, H, W) image, got shape {raw.shape}')
     img = np.clip(raw, 0, 255).astype(np.uint8).transpose(1, 2, 0)
@@ -108,9 +106,7 @@ def _banner(text: str, width: int, height: int = 24) -> np.ndarray:
 
 
 def _pad_width(img: np.ndarray, width: int) -> np.ndarray:
-    if img.shape[1] >= width:
-        return img
-    return np.pad(img, ((0, 0), (0, width - img.shape[1]), (0, 0)), constant_values=255)
+    return np.pad(img, ((0, 0), (0, max(0, width - img.shape[1])), (0, 0)), constant_values=255)
 
 
 def group_figure(image: np.ndarray, groups, topk: int = 5, tile: int = 160) -> np.ndarray:
