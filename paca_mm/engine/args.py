@@ -29,8 +29,7 @@ def build_runner(cfg: Config):
         from mmengine.runner import Runner
         runner = Runner.from_cfg(cfg)
     else:
-        runners = importlib.import_module(f'{scope}.registry').RUNNERS
-        runner = runners.build(cfg)
+        runner = importlib.import_module(f'{scope}.registry').RUNNERS.build(cfg)
     for note in notes:
         runner.logger.info(note)
     if torch_dist.is_initialized():

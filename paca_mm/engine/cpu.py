@@ -98,48 +98,39 @@ def adapt_cfg_to_device(cfg: Config, cuda: Optional[bool] = None) -> List[str]:
     * distributed runs use gloo and :class:`CPUDistributedDataParallel`;
     * ``AmpOptimWrapper`` becomes :class:`CPUAmpOptimWrapper`.
     """
-    cuda = torch.cuda.is_available() if cuda is None else cuda
-    if cuda:
+    if (torch.cuda.is_available() if cuda is None else cuda):
         return []
-    notes = []
-    changed: List[str] = []
+    notes, changed = [], []
     for key in ('model', 'tta_model'):
         if cfg.get(key) is not None:
             _replace_sync_bn(cfg[key], key, changed)
     if cfg.get('sync_bn') is not None:
-        changed.append(f'sync_bn={cfg.sync_bn!r} removed')
-        cfg.pop('sync_bn')
+        changed.append(f'sync_bn={cfg.pop("sync_bn")!r} removed')
     if changed:
-        notes.append('CUDA is not available: SyncBN reverted to BN (' + '; '.join(changed) + ')')
-
+        notes.append('SyncBN reverted to BN (' + '; '.join(changed) + ')')
     if cfg.get('launcher', 'none') != 'none':
-        env_cfg = cfg.setdefault('env_cfg', ConfigDict())
-        dist_cfg = env_cfg.setdefault('dist_cfg', ConfigDict())
+        dist_cfg = cfg.setdefault('env_cfg', ConfigDict()).setdefault('dist_cfg', ConfigDict())
         if dist_cfg.get('backend', 'nccl') != 'gloo':
-            notes.append(f"CUDA is not available: distributed backend "
-                         f"{dist_cfg.get('backend', 'nccl')!r} -> 'gloo'")
+            notes.append(f"distributed backend {dist_cfg.get('backend', 'nccl')!r} -> 'gloo'")
             dist_cfg['backend'] = 'gloo'
         wrapper = cfg.get('model_wrapper_cfg')
         if wrapper is None:
             cfg.model_wrapper_cfg = dict(
                 type='CPUDistributedDataParallel', broadcast_buffers=False,
                 find_unused_parameters=cfg.get('find_unused_parameters', False))
-            notes.append('CUDA is not available: model wrapped in CPUDistributedDataParallel')
+            notes.append('model wrapped in CPUDistributedDataParallel')
         elif wrapper.get('type', 'MMDistributedDataParallel') == 'MMDistributedDataParallel':
             wrapper['type'] = 'CPUDistributedDataParallel'
-            notes.append('CUDA is not available: MMDistributedDataParallel -> '
-                         'CPUDistributedDataParallel')
-
+            notes.append('MMDistributedDataParallel -> CPUDistributedDataParallel')
     optim = cfg.get('optim_wrapper')
     if isinstance(optim, dict) and optim.get('type') == 'AmpOptimWrapper':
         optim['type'] = 'CPUAmpOptimWrapper'
-        dtype = optim.get('dtype')
-        if dtype not in (None, 'bfloat16', torch.bfloat16):
-            notes.append(f'CUDA is not available: AMP dtype {dtype!r} -> bfloat16')
+        if optim.get('dtype') not in (None, 'bfloat16', torch.bfloat16):
+            notes.append(f'AMP dtype {optim["dtype"]!r} -> bfloat16')
         optim['dtype'] = 'bfloat16'
-        notes.append('CUDA is not available: AmpOptimWrapper -> CPUAmpOptimWrapper '
-                     '(bfloat16 autocast on CPU, no loss scaling)')
-    return notes
+        notes.append('AmpOptimWrapper -> CPUAmpOptimWrapper (bfloat16 autocast on CPU, no '
+                     'loss scaling)')
+    return [f'CUDA is not available: {note}' for note in notes]
 
 
 def _env(name: str, default=None) -> str:
