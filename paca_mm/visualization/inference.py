@@ -52,9 +52,8 @@ def normalize_inputs(model: nn.Module, raw: torch.Tensor) -> torch.Tensor:
         raise ValueError(f'expected (B, 3, H, W) raw images, got shape {tuple(raw.shape)}')
     dp = getattr(unwrap(model), 'data_preprocessor', None)
     x = raw.float()
-    if any(getattr(dp, a, False) for a in ('_channel_conversion', 'channel_conversion', 'to_rgb')) \
-            and x.shape[1] == 3:
-        x = x.flip(1)
+    if any(getattr(dp, a, False) for a in ('_channel_conversion', 'channel_conversion', 'to_rgb')):
+        x = x.flip(1)  # BGR <-> RGB
     mean, std = getattr(dp, 'mean', None), getattr(dp, 'std', None)
     if getattr(dp, '_enable_normalize', mean is not None) and mean is not None:
         x = (x - mean.to(x).view(1, -1, 1, 1)) / std.to(x).view(1, -1, 1, 1)
