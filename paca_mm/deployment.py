@@ -26,99 +26,42 @@ import torch.nn.functional as F
 from .fileio import atomic_path
 from .models.backbones.paca_vit import PaCaViT
 from .version import torch_version
+from .visualization.inference import model_kind, normalize_inputs
 
 KINDS = ('backbone', 'segmentor', 'classifier')
 
 
-def _scope_of(model: nn.Module) -> str:
-    return type(model).__module__.split('.')[0]
+class ExportModule(nn.Module):
+    """The graph of one export kind: the image as loaded ``(N, 3, H, W)`` -> segmentor logits
+    ``(N, K, H, W)``, classifier scores ``(N, K)`` or a tuple of backbone(+neck) features."""
 
-
-def _normalizer(model: nn.Module) -> Tuple[bool, torch.Tensor, torch.Tensor]:
-    """(flip channels?, mean, std) of the model's data preprocessor; identity without one."""
-    pre = getattr(model, 'data_preprocessor', None)
-    flip = bool(getattr(pre, 'channel_conversion', False) or
-                getattr(pre, '_channel_conversion', False) or getattr(pre, 'to_rgb', False))
-    if pre is not None and getattr(pre, '_enable_normalize', False):
-        return flip, pre.mean.detach().clone().view(1, -1, 1, 1), \
-            pre.std.detach().clone().view(1, -1, 1, 1)
-    return flip, torch.zeros(1, 1, 1, 1), torch.ones(1, 1, 1, 1)
-
-
-class _ExportBase(nn.Module):
-
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, kind: str):
         super().__init__()
-        self.model = model
-        flip, mean, std = _normalizer(model)
-        self.flip = flip
-        self.register_buffer('mean', mean, persistent=False)
-        self.register_buffer('std', std, persistent=False)
+        self.model, self.kind = model, kind
 
-    def preprocess(self, img: torch.Tensor) -> torch.Tensor:
-        if self.flip:
-            img = img.flip(1)
-        return (img - self.mean) / self.std
-
-
-class SegmentorExport(_ExportBase):
-    """mmseg segmentor: image ``(N, 3, H, W)`` -> logits ``(N, K, H, W)``."""
-
-    def forward(self, img: torch.Tensor) -> torch.Tensor:
-        x = self.preprocess(img)
-        # img_shape as a torch.Size keeps H and W symbolic in the exported graph
-        metas = [dict(img_shape=x.shape[2:])] * x.shape[0]
-        return self.model.encode_decode(x, metas)
-
-
-class ClassifierExport(_ExportBase):
-    """mmpretrain classifier: image ``(N, 3, H, W)`` -> class scores ``(N, K)``."""
-
-    def forward(self, img: torch.Tensor) -> torch.Tensor:
-        logits = self.model(self.preprocess(img), mode='tensor')
-        return F.softmax(logits, dim=1)
-
-
-class BackboneExport(_ExportBase):
-    """PaCaViT, or a model's ``extract_feat`` (backbone + neck) -> tuple of feature maps."""
-
-    def forward(self, img: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        x = self.preprocess(img)
-        if isinstance(self.model, PaCaViT):
-            return tuple(self.model(x))
-        return tuple(self.model.extract_feat(x))
+    def forward(self, img: torch.Tensor):
+        x = normalize_inputs(self.model, img)
+        if self.kind == 'segmentor':
+            # img_shape as a torch.Size keeps H and W symbolic in the exported graph
+            return self.model.encode_decode(x, [dict(img_shape=x.shape[2:])] * x.shape[0])
+        if self.kind == 'classifier':
+            return F.softmax(self.model(x, mode='tensor'), dim=1)
+        return tuple(self.model(x) if isinstance(self.model, PaCaViT)
+                     else self.model.extract_feat(x))
 
 
 def export_module(model: nn.Module, kind: str) -> nn.Module:
     """The module whose graph :func:`export_onnx` writes (eval mode)."""
-    if kind not in KINDS:
+    needs = {'segmentor': ('an mmseg segmentor', hasattr(model, 'encode_decode')),
+             'classifier': ('an mmpretrain classifier', model_kind(model) == 'classifier'),
+             'backbone': ('a PaCaViT or a model with extract_feat',
+                          isinstance(model, PaCaViT) or hasattr(model, 'extract_feat'))}
+    if kind not in needs:
         raise ValueError(f'unknown export kind {kind!r}; choose one of {KINDS}')
-    if kind == 'segmentor' and not hasattr(model, 'encode_decode'):
-        raise ValueError(f'kind=segmentor needs an mmseg segmentor, got {type(model).__name__}'
-                         " (use kind='backbone' for its features)")
-    if kind == 'classifier' and _scope_of(model) != 'mmpretrain':
-        raise ValueError(f'kind=classifier needs an mmpretrain classifier, got '
-                         f'{type(model).__name__}')
-    if kind == 'backbone' and not (isinstance(model, PaCaViT) or hasattr(model, 'extract_feat')):
-        raise ValueError(f'kind=backbone needs a PaCaViT or a model with extract_feat, got '
-                         f'{type(model).__name__}')
-    wrapper = {'segmentor': SegmentorExport, 'classifier': ClassifierExport,
-               'backbone': BackboneExport}[kind]
-    return wrapper(model).eval()
-
-
-MODEL_KINDS = {('mmdet', 'BaseDetector'): 'detector', ('mmseg', 'BaseSegmentor'): 'segmentor',
-               ('mmpretrain', 'BaseClassifier'): 'classifier'}
-
-
-def model_kind(model: nn.Module) -> str:
-    """'detector', 'segmentor' or 'classifier' for a model derived from mmdet's, mmseg's or
-    mmpretrain's base class of that name, else 'model'."""
-    for cls in type(model).__mro__:
-        kind = MODEL_KINDS.get((cls.__module__.split('.')[0], cls.__name__))
-        if kind:
-            return kind
-    return 'model'
+    if not needs[kind][1]:
+        raise ValueError(f'kind={kind} needs {needs[kind][0]}, got {type(model).__name__}' +
+                         (" (use kind='backbone' for its features)" if kind != 'backbone' else ''))
+    return ExportModule(model, kind).eval()
 
 
 def default_kind(model: nn.Module) -> str:
@@ -133,17 +76,18 @@ def exporter_kwargs() -> Dict[str, bool]:
     return {'dynamo': False} if torch_version() >= (2, 5) else {}
 
 
+def _adaptive_pools(model: nn.Module) -> List[Tuple[str, nn.Module, Tuple]]:
+    """(name, module, output grid (h, w)) of every adaptive average/max pooling layer."""
+    return [(name, mod, tuple(mod.output_size) if isinstance(mod.output_size, (tuple, list))
+             else (mod.output_size, mod.output_size)) for name, mod in model.named_modules()
+            if isinstance(mod, (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d))]
+
+
 def _fixed_grid_pools(model: nn.Module) -> List[str]:
     """Names of the adaptive pooling layers whose output grid is not 1x1 (e.g. the pyramid
     pooling of UperNet's head): their ONNX form needs a known input size."""
-    names = []
-    for name, mod in model.named_modules():
-        if isinstance(mod, (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)):
-            size = mod.output_size
-            sizes = size if isinstance(size, (tuple, list)) else (size, size)
-            if any(s != 1 for s in sizes):
-                names.append(f'{name} (output_size={size})')
-    return names
+    return [f'{name} (output_size={mod.output_size})' for name, mod, grid in
+            _adaptive_pools(model) if any(s != 1 for s in grid)]
 
 
 class _FixedSizeAdaptivePool(nn.Module):
@@ -155,8 +99,7 @@ class _FixedSizeAdaptivePool(nn.Module):
 
     def __init__(self, pool: nn.Module):
         super().__init__()
-        size = pool.output_size
-        self.output_size = tuple(size) if isinstance(size, (tuple, list)) else (size, size)
+        self.output_size = _adaptive_pools(pool)[0][2]
         self.reduce = 'mean' if isinstance(pool, nn.AdaptiveAvgPool2d) else 'amax'
 
     @staticmethod
@@ -181,11 +124,10 @@ def _with_fixed_size_pools(model: nn.Module) -> nn.Module:
     if not _fixed_grid_pools(model):
         return model
     model = copy.deepcopy(model)
-    for name, mod in list(model.named_modules()):
-        if isinstance(mod, (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)):
-            parent_name, _, child = name.rpartition('.')
-            parent = model.get_submodule(parent_name) if parent_name else model
-            setattr(parent, child, _FixedSizeAdaptivePool(mod))
+    for name, mod, _ in _adaptive_pools(model):
+        parent_name, _, child = name.rpartition('.')
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, _FixedSizeAdaptivePool(mod))
     return model
 
 

@@ -4,11 +4,7 @@ A file is written to a temporary file next to the target (``.<name>.tmp-<pid>-<8
 flushed and fsynced, then ``os.replace``-d onto the final name, and the folder is fsynced
 so the rename survives a crash. The target is therefore either its previous complete
 content (or absent) or the new complete content, never a partial file, even when the
-process is killed while writing. Users: the atomic checkpoint backend of ``tools/train.py``
-(:class:`paca_mm.engine.checkpoints.AtomicLocalBackend`), the checkpoint converter
-(:func:`paca_mm.checkpoint.save_checkpoint_atomic`), the ONNX export
-(:func:`paca_mm.deployment.export_onnx`) and the images of the cluster visualisation and the
-image demo (:func:`paca_mm.visualization.drawing.save_image`).
+process is killed while writing.
 """
 import contextlib
 import os
@@ -24,16 +20,12 @@ _TMP_NAME = re.compile(r'^\.(?P<name>.+)\.tmp-\d+-[0-9a-f]{8}$')
 
 def _fsync_dir(folder: str) -> None:
     """Make a rename in ``folder`` durable (best effort; not possible on Windows)."""
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 @contextlib.contextmanager
@@ -55,10 +47,8 @@ def atomic_path(filepath: Union[str, Path]) -> Iterator[str]:
             os.close(fd)
         os.replace(tmp, filepath)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.remove(tmp)
-        except OSError:
-            pass
         raise
     _fsync_dir(folder)
 

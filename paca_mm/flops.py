@@ -11,21 +11,15 @@ ConvFFN's memory-efficient Function runs only in a training forward that records
 never under tracing, so the counters see its standard ops (the depth-wise conv and the
 linear layers, which mmengine counts).
 """
+import math
 import warnings
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Tuple
 
 import mmengine
 import torch
 import torch.nn as nn
 from mmengine.analysis import FlopAnalyzer, complexity_analysis, parameter_count
 from mmengine.analysis.jit_handles import get_shape
-
-
-def _prod(shape: Sequence[int]) -> int:
-    out = 1
-    for s in shape:
-        out *= int(s)
-    return out
 
 
 def sdpa_flop_jit(inputs: List, outputs: List) -> int:
@@ -38,15 +32,13 @@ def sdpa_flop_jit(inputs: List, outputs: List) -> int:
     out = get_shape(outputs[0])
     if q is None or k is None or v is None or out is None:
         raise ValueError('scaled_dot_product_attention with unknown input shapes')
-    batch = _prod(out[:-2])
-    return batch * q[-2] * k[-2] * (q[-1] + v[-1])
+    return math.prod(int(s) for s in out[:-2]) * q[-2] * k[-2] * (q[-1] + v[-1])
 
 
 def baddbmm_flop_jit(inputs: List, outputs: List) -> int:
     """MACs of ``aten::baddbmm(input, b1, b2)`` / ``aten::addbmm``: b1 (n, c, t) @ b2 (n, t, d)."""
-    b1, b2 = get_shape(inputs[1]), get_shape(inputs[2])
-    n, c, t = b1
-    return n * c * t * b2[-1]
+    n, c, t = get_shape(inputs[1])
+    return n * c * t * get_shape(inputs[2])[-1]
 
 
 EXTRA_HANDLES = {

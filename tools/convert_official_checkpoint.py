@@ -56,8 +56,6 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    if osp.exists(args.dst) and osp.abspath(args.dst) == osp.abspath(args.src):
-        sys.exit(f'error: refusing to overwrite the input {args.src!r}; choose another output')
     if args.num_clusters and not args.arch:
         sys.exit('error: --num-clusters needs --arch (the model to adapt to)')
     try:

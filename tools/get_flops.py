@@ -46,6 +46,7 @@ except ImportError:  # running from a checkout that is not pip-installed
 
 from mmengine.config import Config, DictAction
 
+from paca_mm.fileio import atomic_write
 from paca_mm.flops import count  # noqa: F401  (the counting rule lives there)
 from paca_mm.models.backbones import PaCaViT
 
@@ -76,17 +77,14 @@ def build_from_config(config, cfg_options: Optional[Dict] = None) -> Tuple[nn.Mo
     """Build ``cfg.model`` in its toolbox (by ``default_scope``) without loading weights.
 
     Returns (model in eval mode, kind) with kind in 'detector' | 'segmentor' | 'classifier' |
-    'model' (:func:`paca_mm.deployment.model_kind`).
+    'model' (:func:`paca_mm.visualization.inference.model_kind`).
     """
     from mmengine.model import revert_sync_batchnorm
     from mmengine.registry import MODELS, init_default_scope
 
-    from paca_mm.deployment import model_kind
     from paca_mm.registry import register_toolbox_modules
-    from paca_mm.visualization.inference import strip_pretrained
-    cfg = config if isinstance(config, Config) else Config.fromfile(config)
-    if cfg_options:
-        cfg.merge_from_dict(cfg_options)
+    from paca_mm.visualization.inference import load_config, model_kind, strip_pretrained
+    cfg = load_config(config, cfg_options)
     init_default_scope(register_toolbox_modules(cfg))
     model = revert_sync_batchnorm(MODELS.build(strip_pretrained(copy.deepcopy(cfg.model))))
     return model.eval(), model_kind(model)
@@ -316,8 +314,7 @@ def _main(args):
     if args.markdown:
         text = markdown(args.sections, log=lambda s: print(s, file=sys.stderr, flush=True))
         if args.out:
-            with open(args.out, 'w') as f:
-                f.write(text + '\n')
+            atomic_write(text + '\n', args.out)
             print(f'wrote {args.out}')
         else:
             print(text)

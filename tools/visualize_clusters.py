@@ -68,12 +68,12 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    from paca_mm.visualization import explain_image, is_classifier
+    from paca_mm.visualization import explain_image, model_kind
     from paca_mm.visualization.inference import build_model, load_image
     ckpt = None if args.checkpoint.lower() == 'none' else args.checkpoint
     model = build_model(args.config, ckpt, args.device, args.cfg_options,
                         trust=args.trust_checkpoint)
-    if args.groups and not is_classifier(model):
+    if args.groups and model_kind(model) != 'classifier':
         raise SystemExit(f'--groups needs a classification config; {args.config} builds a '
                          f'{type(model).__name__} (the heatmaps work without --groups)')
     raw = load_image(model.cfg, args.image, size=args.size)

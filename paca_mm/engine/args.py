@@ -1,13 +1,8 @@
 """The command-line semantics of ``tools/train.py`` and ``tools/test.py``.
 
-One set of tools serves the three toolboxes: the config's ``default_scope``
-(``'mmseg'``, ``'mmdet'`` or ``'mmpretrain'``) selects whose modules are registered and
-whose command-line semantics (``--out``, ``--show-dir``, ``--tta``) apply. The other
-modules of :mod:`paca_mm.engine` make the tools work where the stock OpenMMLab tools do not:
-:mod:`~paca_mm.engine.cpu` (machines without CUDA), :mod:`~paca_mm.engine.checkpoints`
-(atomic checkpoints, a checked ``--resume``) and :mod:`~paca_mm.engine.compile`
-(``compile`` workarounds). Checkpoints are loaded safely (:mod:`paca_mm.checkpoint.loading`;
-``--trust-checkpoint`` is :func:`paca_mm.checkpoint.trust_checkpoints`).
+One set of tools serves the three toolboxes: the config's ``default_scope`` (``'mmseg'``,
+``'mmdet'`` or ``'mmpretrain'``) selects whose modules are registered and whose
+command-line semantics (``--out``, ``--show-dir``, ``--tta``) apply.
 """
 import copy
 import importlib
@@ -20,14 +15,6 @@ from mmengine.config import Config, ConfigDict
 from ..checkpoint import TRUST_ENV
 from ..registry import register_toolbox_modules
 from .cpu import adapt_cfg_to_device, init_cpu_distributed
-
-WEIGHTS_ONLY_HINT = (
-    'The checkpoint holds Python objects outside the allow-list of what mmengine Runner '
-    'checkpoints contain (paca_mm.checkpoint.mmengine_checkpoint_globals), and checkpoints '
-    'are loaded weights-only (paca_mm.checkpoint.safe_torch_load). If you trust the file, '
-    'pass --trust-checkpoint to tools/train.py / tools/test.py or set '
-    f'{TRUST_ENV}=1.')
-
 
 def build_runner(cfg: Config):
     """Register the scope's modules, adapt ``cfg`` to the device, initialise CPU
@@ -42,8 +29,7 @@ def build_runner(cfg: Config):
         from mmengine.runner import Runner
         runner = Runner.from_cfg(cfg)
     else:
-        runners = importlib.import_module(f'{scope}.registry').RUNNERS
-        runner = runners.build(cfg)
+        runner = importlib.import_module(f'{scope}.registry').RUNNERS.build(cfg)
     for note in notes:
         runner.logger.info(note)
     if torch_dist.is_initialized():
@@ -64,7 +50,11 @@ def run_with_checkpoint_hint(fn, *args, **kwargs):
     try:
         result = fn(*args, **kwargs)
     except pickle.UnpicklingError as e:
-        raise pickle.UnpicklingError(f'{e}\n\n[paca_mm] {WEIGHTS_ONLY_HINT}') from e
+        raise pickle.UnpicklingError(
+            f'{e}\n\n[paca_mm] The checkpoint holds Python objects outside the allow-list of '
+            'what mmengine Runner checkpoints contain (paca_mm.checkpoint.'
+            'mmengine_checkpoint_globals), and checkpoints are loaded weights-only. If you '
+            f'trust the file, pass --trust-checkpoint or set {TRUST_ENV}=1.') from e
     if torch_dist.is_available() and torch_dist.is_initialized():
         torch_dist.barrier()
         torch_dist.destroy_process_group()

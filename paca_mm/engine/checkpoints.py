@@ -30,9 +30,7 @@ ATOMIC_BACKEND = 'paca_atomic_local'
 
 
 class AtomicLocalBackend(LocalBackend):
-    """mmengine ``LocalBackend`` whose ``put``/``put_text`` replace the target file
-    atomically (see :func:`paca_mm.fileio.atomic_write`); everything else is
-    ``LocalBackend``'s."""
+    """mmengine ``LocalBackend`` whose ``put``/``put_text`` replace the target atomically."""
 
     def put(self, obj: bytes, filepath: Union[str, Path]) -> None:
         atomic_write(obj, filepath)
@@ -46,24 +44,17 @@ register_backend(ATOMIC_BACKEND, AtomicLocalBackend, force=True)
 
 
 def add_rng_state_hook(cfg: Config) -> List[str]:
-    """Append :class:`paca_mm.hooks.RNGStateHook` to ``cfg.custom_hooks`` (once)
-    so checkpoints carry the torch RNG state and ``--resume`` continues it exactly."""
+    """Add :class:`paca_mm.hooks.RNGStateHook` (once): exact ``--resume``."""
     return add_custom_hook(
         cfg, 'RNGStateHook',
         'RNGStateHook added: checkpoints keep the torch RNG state for exact --resume')
 
 
 def use_atomic_checkpoints(cfg: Config) -> List[str]:
-    """Have ``default_hooks.checkpoint`` write checkpoints atomically; returns log notes.
-
-    mmengine writes ``iter_N.pth`` in place (``LocalBackend.put``: ``open(path, 'wb')``),
-    so a run killed while saving leaves a truncated file under the final name. This sets
-    the hook's ``backend_args=dict(backend='paca_atomic_local')``
-    (:class:`AtomicLocalBackend`: temporary file in the same
-    folder, fsync, ``os.replace``). ``last_checkpoint`` is written by the hook after the
-    save returns, so it only ever names a complete file. Left alone: a config that sets
-    the hook's own ``backend_args`` / ``file_client_args``, a remote ``out_dir``, a hook
-    that is not a CheckpointHook, or no checkpoint hook.
+    """Have ``default_hooks.checkpoint`` write through :class:`AtomicLocalBackend` (see the
+    module doc); returns log notes. Left alone: a config that sets the hook's own
+    ``backend_args`` / ``file_client_args``, a remote ``out_dir``, a hook that is not a
+    CheckpointHook, or no checkpoint hook.
     """
     hook = (cfg.get('default_hooks') or {}).get('checkpoint')
     if not hook:
@@ -121,21 +112,15 @@ def checkpoint_problem(path: str) -> Optional[str]:
     return None
 
 
-def _checkpoint_pattern(cfg: Config) -> 're.Pattern':
-    """Regex of the CheckpointHook's file names (``filename_tmpl``), step in group 1."""
+def _checkpoints_newest_first(cfg: Config, folders: List[str]) -> List[str]:
+    """The files in ``folders`` named like the CheckpointHook's ``filename_tmpl``, by step."""
     hook = (cfg.get('default_hooks') or {}).get('checkpoint') or {}
     tmpl = hook.get('filename_tmpl') or (
         'epoch_{}.pth' if hook.get('by_epoch', True) else 'iter_{}.pth')
-    return re.compile('^' + re.escape(tmpl).replace(re.escape('{}'), r'(\d+)') + '$')
-
-
-def _checkpoints_newest_first(cfg: Config, folders: List[str]) -> List[str]:
-    pattern = _checkpoint_pattern(cfg)
+    pattern = re.compile('^' + re.escape(tmpl).replace(re.escape('{}'), r'(\d+)') + '$')
     found: List[Tuple[int, float, str]] = []
     for folder in folders:
-        if not osp.isdir(folder):
-            continue
-        for name in os.listdir(folder):
+        for name in os.listdir(folder) if osp.isdir(folder) else []:
             m = pattern.match(name)
             path = osp.join(folder, name)
             if m and osp.isfile(path):

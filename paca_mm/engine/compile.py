@@ -9,22 +9,19 @@ from ..version import torch_version
 from .args import add_custom_hook
 
 
-def compiles(cfg: Config) -> bool:
-    """Whether mmengine's Runner will ``torch.compile`` the train step: ``compile`` is True
-    or a dict (``dict()`` too) without ``disable=True``."""
+def compile_backend(cfg: Config) -> Optional[str]:
+    """The ``torch.compile`` backend mmengine's Runner will use for the train step (inductor
+    unless ``compile`` names another), or None when it does not compile: ``compile`` is
+    False/None or a dict with ``disable=True`` (``dict()`` compiles)."""
     value = cfg.get('compile')
     if isinstance(value, dict):
-        return not value.get('disable', False)
-    return bool(value)
+        return None if value.get('disable', False) else value.get('backend', 'inductor')
+    return 'inductor' if value else None
 
 
-def compile_backend(cfg: Config) -> Optional[str]:
-    """The ``torch.compile`` backend mmengine's Runner will use (inductor unless ``compile``
-    names another), or None when it does not compile."""
-    if not compiles(cfg):
-        return None
-    value = cfg.get('compile')
-    return value.get('backend', 'inductor') if isinstance(value, dict) else 'inductor'
+def compiles(cfg: Config) -> bool:
+    """Whether mmengine's Runner will ``torch.compile`` the train step."""
+    return compile_backend(cfg) is not None
 
 
 def compiled_adam_lr_zero(cfg: Config) -> Optional[str]:
@@ -108,10 +105,8 @@ def compile_static_shapes(cfg: Config) -> Tuple[List[str], List[str]]:
 
 
 def add_eager_optimizer_step_hook(cfg: Config) -> List[str]:
-    """With ``compile`` on, append :class:`paca_mm.hooks.EagerOptimizerStepHook`
-    to ``cfg.custom_hooks`` (once): the optimizer step runs outside the compiled
-    ``train_step`` (dynamo cannot trace it over ``paramwise_cfg`` groups, and recompiles it
-    whenever a scheduler changes the learning rate); returns log notes."""
+    """With ``compile`` on, add :class:`paca_mm.hooks.EagerOptimizerStepHook` (once; why:
+    see its module); returns log notes."""
     if not compiles(cfg):
         return []
     return add_custom_hook(

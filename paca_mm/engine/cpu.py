@@ -30,14 +30,9 @@ class CPUAmpOptimWrapper(OptimWrapper):
     """Mixed precision on CPU: the forward runs under ``torch.autocast('cpu', bfloat16)``.
 
     ``AmpOptimWrapper`` asserts CUDA. bfloat16 has float32's exponent range, so no loss
-    scaling is needed: ``loss_scale`` is accepted for config compatibility and ignored,
-    and a ``loss_scaler`` entry in a (GPU) checkpoint's optimizer state is dropped.
-
-    Args:
-        loss_scale: ignored (kept so AmpOptimWrapper configs build unchanged).
-        dtype: 'bfloat16' / torch.bfloat16 / None (= bfloat16); CPU autocast in
-            mmengine supports bfloat16 only, anything else raises ValueError.
-        **kwargs: passed to :class:`mmengine.optim.OptimWrapper`.
+    scaling is needed: ``loss_scale`` is accepted (AmpOptimWrapper configs build unchanged)
+    and ignored, and a ``loss_scaler`` entry in a (GPU) checkpoint's optimizer state is
+    dropped. ``dtype``: bfloat16 (or None); CPU autocast in mmengine supports nothing else.
     """
 
     def __init__(self, loss_scale: Union[str, float, dict] = 'dynamic',
@@ -95,69 +90,61 @@ def _replace_sync_bn(node: Any, path: str, changed: List[str]) -> Any:
 
 
 def adapt_cfg_to_device(cfg: Config, cuda: Optional[bool] = None) -> List[str]:
-    """Make a (GPU) config runnable on a machine without CUDA; returns log notes.
+    """Make a (GPU) config runnable on a machine without CUDA (in place; nothing when CUDA
+    is available); returns log notes.
 
-    Does nothing when CUDA is available. Otherwise (in place):
-
-    * every ``norm_cfg``-style dict of type SyncBN/MMSyncBN in ``cfg.model`` (and
-      ``cfg.tta_model``) becomes BN, and ``cfg.sync_bn`` is dropped: SyncBN has no CPU
-      kernel and DDP refuses it on CPU modules;
-    * distributed runs (``cfg.launcher != 'none'``) use gloo (``env_cfg.dist_cfg``) and
-      ``CPUDistributedDataParallel`` (DDP without ``device_ids``, reverting any SyncBN a
-      model builds in code);
-    * ``AmpOptimWrapper`` (CUDA only in mmengine) becomes ``CPUAmpOptimWrapper``: bf16
-      autocast without loss scaling (CPU autocast is bf16 only in mmengine).
+    * SyncBN/MMSyncBN norm configs in ``cfg.model`` / ``cfg.tta_model`` become BN and
+      ``cfg.sync_bn`` is dropped (no CPU kernel; DDP refuses it on CPU modules);
+    * distributed runs use gloo and :class:`CPUDistributedDataParallel`;
+    * ``AmpOptimWrapper`` becomes :class:`CPUAmpOptimWrapper`.
     """
-    cuda = torch.cuda.is_available() if cuda is None else cuda
-    if cuda:
+    if (torch.cuda.is_available() if cuda is None else cuda):
         return []
-    notes = []
-    changed: List[str] = []
+    notes, changed = [], []
     for key in ('model', 'tta_model'):
         if cfg.get(key) is not None:
             _replace_sync_bn(cfg[key], key, changed)
     if cfg.get('sync_bn') is not None:
-        changed.append(f'sync_bn={cfg.sync_bn!r} removed')
-        cfg.pop('sync_bn')
+        changed.append(f'sync_bn={cfg.pop("sync_bn")!r} removed')
     if changed:
-        notes.append('CUDA is not available: SyncBN reverted to BN (' + '; '.join(changed) + ')')
-
+        notes.append('SyncBN reverted to BN (' + '; '.join(changed) + ')')
     if cfg.get('launcher', 'none') != 'none':
-        env_cfg = cfg.setdefault('env_cfg', ConfigDict())
-        dist_cfg = env_cfg.setdefault('dist_cfg', ConfigDict())
+        dist_cfg = cfg.setdefault('env_cfg', ConfigDict()).setdefault('dist_cfg', ConfigDict())
         if dist_cfg.get('backend', 'nccl') != 'gloo':
-            notes.append(f"CUDA is not available: distributed backend "
-                         f"{dist_cfg.get('backend', 'nccl')!r} -> 'gloo'")
+            notes.append(f"distributed backend {dist_cfg.get('backend', 'nccl')!r} -> 'gloo'")
             dist_cfg['backend'] = 'gloo'
         wrapper = cfg.get('model_wrapper_cfg')
         if wrapper is None:
             cfg.model_wrapper_cfg = dict(
                 type='CPUDistributedDataParallel', broadcast_buffers=False,
                 find_unused_parameters=cfg.get('find_unused_parameters', False))
-            notes.append('CUDA is not available: model wrapped in CPUDistributedDataParallel')
+            notes.append('model wrapped in CPUDistributedDataParallel')
         elif wrapper.get('type', 'MMDistributedDataParallel') == 'MMDistributedDataParallel':
             wrapper['type'] = 'CPUDistributedDataParallel'
-            notes.append('CUDA is not available: MMDistributedDataParallel -> '
-                         'CPUDistributedDataParallel')
-
+            notes.append('MMDistributedDataParallel -> CPUDistributedDataParallel')
     optim = cfg.get('optim_wrapper')
     if isinstance(optim, dict) and optim.get('type') == 'AmpOptimWrapper':
         optim['type'] = 'CPUAmpOptimWrapper'
-        dtype = optim.get('dtype')
-        if dtype not in (None, 'bfloat16', torch.bfloat16):
-            notes.append(f'CUDA is not available: AMP dtype {dtype!r} -> bfloat16')
+        if optim.get('dtype') not in (None, 'bfloat16', torch.bfloat16):
+            notes.append(f'AMP dtype {optim["dtype"]!r} -> bfloat16')
         optim['dtype'] = 'bfloat16'
-        notes.append('CUDA is not available: AmpOptimWrapper -> CPUAmpOptimWrapper '
-                     '(bfloat16 autocast on CPU, no loss scaling)')
-    return notes
+        notes.append('AmpOptimWrapper -> CPUAmpOptimWrapper (bfloat16 autocast on CPU, no '
+                     'loss scaling)')
+    return [f'CUDA is not available: {note}' for note in notes]
 
 
-def _env_int(name: str) -> int:
-    try:
-        return int(os.environ[name])
-    except KeyError:
+def _env(name: str, default=None) -> str:
+    value = os.environ.get(name, default)
+    if value is None:
         raise KeyError(f'environment variable {name} is not set; launch with torchrun '
-                       '(tools/dist_train.sh), srun or mpirun, or use --launcher none') from None
+                       '(tools/dist_train.sh), srun or mpirun, set it, or use --launcher none')
+    return str(value)
+
+
+_LAUNCHER_ENV = {'pytorch': ('RANK', 'WORLD_SIZE', 'LOCAL_RANK'),
+                 'slurm': ('SLURM_PROCID', 'SLURM_NTASKS', 'SLURM_LOCALID'),
+                 'mpi': ('OMPI_COMM_WORLD_RANK', 'OMPI_COMM_WORLD_SIZE',
+                         'OMPI_COMM_WORLD_LOCAL_RANK')}
 
 
 def init_cpu_distributed(launcher: str, dist_cfg: Optional[Dict] = None) -> bool:
@@ -174,37 +161,22 @@ def init_cpu_distributed(launcher: str, dist_cfg: Optional[Dict] = None) -> bool
     """
     if launcher == 'none' or torch.cuda.is_available() or torch_dist.is_initialized():
         return False
-    dist_cfg = dict(dist_cfg or {})
-    if launcher == 'pytorch':
-        rank, world_size = _env_int('RANK'), _env_int('WORLD_SIZE')
-        local_rank = int(os.environ.get('LOCAL_RANK', 0))
-    elif launcher == 'slurm':
-        rank, world_size = _env_int('SLURM_PROCID'), _env_int('SLURM_NTASKS')
-        local_rank = int(os.environ.get('SLURM_LOCALID', 0))
-        if 'MASTER_ADDR' not in os.environ:
-            node_list = os.environ['SLURM_NODELIST']
-            os.environ['MASTER_ADDR'] = subprocess.getoutput(
-                f'scontrol show hostname {node_list} | head -n1')
-        port = dist_cfg.pop('port', None)
-        if port is not None:
-            os.environ['MASTER_PORT'] = str(port)
-        os.environ.setdefault('MASTER_PORT', '29500')
-    elif launcher == 'mpi':
-        rank, world_size = _env_int('OMPI_COMM_WORLD_RANK'), _env_int('OMPI_COMM_WORLD_SIZE')
-        local_rank = int(os.environ.get('OMPI_COMM_WORLD_LOCAL_RANK', 0))
-        if 'MASTER_ADDR' not in os.environ:
-            raise KeyError('environment variable MASTER_ADDR is not set (needed by --launcher mpi)')
-        os.environ.setdefault('MASTER_PORT', '29500')
-    else:
+    if launcher not in _LAUNCHER_ENV:
         raise ValueError(f"launcher must be 'none', 'pytorch', 'slurm' or 'mpi', got {launcher!r}")
-    for key in ('MASTER_ADDR', 'MASTER_PORT'):
-        if key not in os.environ:
-            raise KeyError(f'environment variable {key} is not set; launch with torchrun '
-                           '(tools/dist_train.sh) or set it')
+    dist_cfg = dist_cfg or {}
+    rank_var, size_var, local_var = _LAUNCHER_ENV[launcher]
+    rank, world_size, local_rank = int(_env(rank_var)), int(_env(size_var)), int(_env(local_var, 0))
+    if launcher == 'slurm' and 'MASTER_ADDR' not in os.environ:
+        os.environ['MASTER_ADDR'] = subprocess.getoutput(
+            f"scontrol show hostname {_env('SLURM_NODELIST')} | head -n1")
+    if launcher == 'slurm' and dist_cfg.get('port') is not None:
+        os.environ['MASTER_PORT'] = str(dist_cfg['port'])
+    if launcher != 'pytorch':
+        os.environ.setdefault('MASTER_PORT', '29500')
+    _env('MASTER_ADDR'), _env('MASTER_PORT')
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank))
-    kwargs = {}
-    if dist_cfg.get('timeout') is not None:
-        kwargs['timeout'] = datetime.timedelta(seconds=dist_cfg['timeout'])
+    timeout = dist_cfg.get('timeout')
     torch_dist.init_process_group(backend='gloo', init_method='env://', rank=rank,
-                                  world_size=world_size, **kwargs)
+                                  world_size=world_size, **({} if timeout is None else dict(
+                                      timeout=datetime.timedelta(seconds=timeout))))
     return True

@@ -3,5 +3,4 @@ from .cluster_vis_hook import PaCaClusterVisHook
 from .eager_optimizer_step_hook import EagerOptimizerStepHook
 from .rng_state_hook import RNGStateHook
 
-__all__ = ['PaCaClusterVisHook', 'EagerOptimizerStepHook',
-           'RNGStateHook']
+__all__ = ['PaCaClusterVisHook', 'EagerOptimizerStepHook', 'RNGStateHook']

@@ -1,11 +1,10 @@
 """``PaCaClusterVisHook``: cluster heatmaps of a fixed image during training."""
 import os.path as osp
-from typing import Optional, Sequence, Union
+from typing import Optional, Union
 
 import torch
 from mmengine.dist import master_only
 from mmengine.hooks import Hook
-from mmengine.model import is_model_wrapper
 
 from ..visualization.cluster_explainer import (check_stage, cluster_heatmaps,
                                                find_backbone, stage_cluster_logits)
@@ -49,12 +48,8 @@ class PaCaClusterVisHook(Hook):
         self._raw: Optional[torch.Tensor] = None
         self.written = []  # paths of the PNGs written so far
 
-    @staticmethod
-    def _model(runner):
-        return runner.model.module if is_model_wrapper(runner.model) else runner.model
-
     def before_train(self, runner) -> None:
-        check_stage(find_backbone(self._model(runner)), self.stage)
+        check_stage(find_backbone(runner.model), self.stage)
         if self.out_dir is None:
             self.out_dir = osp.join(runner.work_dir, 'cluster_vis')
         if self.image is not None:
@@ -88,8 +83,7 @@ class PaCaClusterVisHook(Hook):
         """Draw the heatmaps now (``step`` names the file); returns the PNG path."""
         if self._raw is None:
             self.before_train(runner)
-        model = self._model(runner)
-        logits = stage_cluster_logits(model, self._raw, self.stage)[0].cpu()
+        logits = stage_cluster_logits(runner.model, self._raw, self.stage)[0].cpu()
         grid = heatmap_grid(to_bgr_image(self._raw), cluster_heatmaps(logits), tile=self.tile)
         path = save_image(osp.join(self.out_dir, f'iter_{step:06d}_stage{self.stage}.png'),
                           grid)
@@ -99,5 +93,3 @@ class PaCaClusterVisHook(Hook):
                                         grid[..., ::-1].copy(), step=step)
         return path
 
-
-__all__: Sequence[str] = ['PaCaClusterVisHook']

@@ -23,18 +23,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .inference import model_kind, normalize_inputs, unwrap
+
 
 def find_backbone(model: nn.Module) -> nn.Module:
-    """The PaCaViT backbone of a classifier/detector/segmentor (or the backbone itself).
-
-    Unwraps DDP-style ``.module`` wrappers. Raises TypeError when the backbone cannot record
-    clusters (not a PaCaViT).
-    """
-    while hasattr(model, 'module') and isinstance(model.module, nn.Module) and \
-            not hasattr(model, 'record_clusters'):
-        model = model.module
+    """The PaCaViT backbone of a (wrapped) classifier/detector/segmentor, or the backbone
+    itself. Raises TypeError when it cannot record clusters (not a PaCaViT)."""
+    model = unwrap(model)
     backbone = model if hasattr(model, 'record_clusters') else getattr(model, 'backbone', None)
-    if backbone is None or not hasattr(backbone, 'record_clusters'):
+    if not hasattr(backbone, 'record_clusters'):
         name = type(getattr(model, 'backbone', model)).__name__
         raise TypeError(f'the cluster explainer needs a PaCaViT backbone (model.backbone with '
                         f'record_clusters), got {name}')
@@ -42,14 +39,18 @@ def find_backbone(model: nn.Module) -> nn.Module:
 
 
 @contextlib.contextmanager
-def recording(backbone: nn.Module):
-    """Context: ``backbone.record_clusters = True``, restored afterwards."""
-    old_record = backbone.record_clusters
+def recording(backbone: nn.Module, model: Optional[nn.Module] = None):
+    """Context: ``backbone.record_clusters = True`` and ``model`` (default: the backbone) in
+    eval mode; both restored afterwards."""
+    model = backbone if model is None else model
+    old_record, was_training = backbone.record_clusters, model.training
     backbone.record_clusters = True
+    model.eval()
     try:
         yield backbone
     finally:
         backbone.record_clusters = old_record
+        model.train(was_training)
 
 
 def check_stage(backbone: nn.Module, stage: int) -> int:
@@ -62,41 +63,6 @@ def check_stage(backbone: nn.Module, stage: int) -> int:
         raise ValueError(f'stage {stage} has no clusters (M=0, plain attention); stages with '
                          f'clusters: {with_clusters}')
     return stage - 1
-
-
-def _data_preprocessor(model: nn.Module):
-    while hasattr(model, 'module') and not hasattr(model, 'data_preprocessor'):
-        model = model.module
-    return getattr(model, 'data_preprocessor', None)
-
-
-def normalize_inputs(model: nn.Module, raw: torch.Tensor) -> torch.Tensor:
-    """Apply the model's data_preprocessor channel order and mean/std to raw pixels.
-
-    Args:
-        raw: (B, 3, H, W) float, BGR in [0, 255] (as LoadImageFromFile + Pack* produce).
-    Returns (B, 3, H, W) normalised float input for ``model.backbone`` / ``model(...)``.
-    No padding is applied (PaCaViT accepts any size).
-    """
-    if raw.dim() != 4:
-        raise ValueError(f'expected (B, 3, H, W) raw images, got shape {tuple(raw.shape)}')
-    dp = _data_preprocessor(model)
-    x = raw.float()
-    if dp is None:
-        return x
-    convert = any(bool(getattr(dp, a, False))
-                  for a in ('_channel_conversion', 'channel_conversion', 'to_rgb'))
-    if convert and x.shape[1] == 3:
-        x = x[:, [2, 1, 0]]
-    mean, std = getattr(dp, 'mean', None), getattr(dp, 'std', None)
-    if getattr(dp, '_enable_normalize', mean is not None) and mean is not None:
-        x = (x - mean.to(x).view(1, -1, 1, 1)) / std.to(x).view(1, -1, 1, 1)
-    return x
-
-
-def _device(model: nn.Module) -> torch.device:
-    p = next(iter(model.parameters()), None)
-    return p.device if p is not None else torch.device('cpu')
 
 
 @torch.no_grad()
@@ -112,16 +78,10 @@ def stage_cluster_logits(model: nn.Module, raw: torch.Tensor, stage: int = 3) ->
     backbone = find_backbone(model)
     s = check_stage(backbone, stage)
     raw = raw[None] if raw.dim() == 3 else raw
-    x = normalize_inputs(model, raw.to(_device(backbone)))
-    was_training = backbone.training
-    backbone.eval()
-    try:
-        with recording(backbone):
-            backbone(x)
-            logits = backbone.cluster_logits[s]
-    finally:
-        backbone.train(was_training)
-    return logits.float()
+    x = normalize_inputs(model, raw.to(next(backbone.parameters()).device))
+    with recording(backbone):
+        backbone(x)
+        return backbone.cluster_logits[s].float()
 
 
 def cluster_heatmaps(logits: torch.Tensor) -> torch.Tensor:
@@ -147,29 +107,13 @@ def cluster_masks(logits: torch.Tensor, size=None) -> torch.Tensor:
     return masks[0] if squeeze else masks
 
 
-def is_classifier(model: nn.Module) -> bool:
-    """True for an mmpretrain-style classifier (``head`` + ``forward(x, mode='tensor')``
-    returning logits)."""
-    while hasattr(model, 'module') and not hasattr(model, 'backbone'):
-        model = model.module
-    try:
-        from mmpretrain.models import ImageClassifier
-        if isinstance(model, ImageClassifier):
-            return True
-    except ImportError:  # pragma: no cover
-        pass
-    return hasattr(model, 'head') and hasattr(model, 'extract_feat') and \
-        type(model).__name__.endswith('Classifier')
-
-
 @torch.no_grad()
 def classify(model: nn.Module, raw: torch.Tensor, batch_size: int = 16) -> torch.Tensor:
     """(B, 3, H, W) raw BGR pixels -> (B, K) class probabilities (softmax of the logits)."""
-    if not is_classifier(model):
+    if model_kind(model) != 'classifier':
         raise TypeError(f'{type(model).__name__} is not an image classifier; the group '
                         'analysis needs class predictions (the heatmaps work for any model)')
-    device = _device(model)
-    out = []
+    device, out = next(model.parameters()).device, []
     for i in range(0, raw.shape[0], batch_size):
         x = normalize_inputs(model, raw[i:i + batch_size].to(device))
         logits = model(x, mode='tensor')
@@ -204,22 +148,21 @@ class ClusterGroups:
     masks: torch.Tensor
     class_names: Optional[List[str]] = field(default=None)
 
+    def class_name(self, c: int) -> str:
+        names = self.class_names
+        return names[c] if names and 0 <= c < len(names) else str(c)
+
     def summary(self) -> dict:
         """JSON-serialisable numbers."""
-        def name(c):
-            return self.class_names[c] if self.class_names and c < len(self.class_names) \
-                else str(c)
-        return dict(
-            stage=self.stage, label=self.label, label_name=name(self.label),
-            label_given=self.label_given, base_prob=self.base_prob, base_pred=self.base_pred,
-            num_clusters=int(self.probs.numel()),
-            positive=[dict(cluster=m, prob=float(self.probs[m]), pred=int(self.preds[m]),
-                           mask_fraction=float(self.masks[m].float().mean()))
-                      for m in self.positive],
-            negative=[dict(cluster=m, prob=float(self.probs[m]), pred=int(self.preds[m]),
-                           pred_name=name(int(self.preds[m])),
-                           mask_fraction=float(self.masks[m].float().mean()))
-                      for m in self.negative])
+        groups = {title: [dict(cluster=m, prob=float(self.probs[m]), pred=int(self.preds[m]),
+                               mask_fraction=float(self.masks[m].float().mean()))
+                          for m in members]
+                  for title, members in (('positive', self.positive), ('negative', self.negative))}
+        for entry in groups['negative']:
+            entry['pred_name'] = self.class_name(entry['pred'])
+        return dict(stage=self.stage, label=self.label, label_name=self.class_name(self.label),
+                    label_given=self.label_given, base_prob=self.base_prob,
+                    base_pred=self.base_pred, num_clusters=int(self.probs.numel()), **groups)
 
 
 @torch.no_grad()
@@ -239,14 +182,11 @@ def analyze_cluster_groups(model: nn.Module, raw: torch.Tensor, stage: int = 3,
         raise ValueError(f'expected one (3, H, W) raw image, got shape {tuple(raw.shape)}')
     backbone = find_backbone(model)
     s = check_stage(backbone, stage)
-    was_training = model.training
-    model.eval()
-    try:
-        raw = raw.float().cpu()
+    raw = raw.float().cpu()
+    with recording(backbone, model):
         # one pass gives both the prediction and the assignment
-        with recording(backbone):
-            base = classify(model, raw[None])[0]
-            logits = backbone.cluster_logits[s][0].float().cpu()
+        base = classify(model, raw[None])[0]
+        logits = backbone.cluster_logits[s][0].float().cpu()
         num_classes = base.numel()
         if label is not None and not 0 <= int(label) < num_classes:
             raise ValueError(f'label {label} out of range for {num_classes} classes')
@@ -258,8 +198,6 @@ def analyze_cluster_groups(model: nn.Module, raw: torch.Tensor, stage: int = 3,
             p = classify(model, masked, batch_size)
             probs.append(p[:, gt])
             preds.append(p.argmax(-1))
-    finally:
-        model.train(was_training)
     probs, preds = torch.cat(probs), torch.cat(preds)
     order = torch.argsort(probs, descending=True).tolist()
     positive = [m for m in order if int(preds[m]) == gt]

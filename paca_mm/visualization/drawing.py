@@ -4,7 +4,7 @@ All images here are (H, W, 3) uint8 **BGR** numpy arrays (cv2 convention); use
 ``img[..., ::-1]`` for RGB consumers (mmengine visualizer backends).
 """
 import os.path as osp
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -16,36 +16,26 @@ _FONT = 0  # cv2.FONT_HERSHEY_SIMPLEX
 
 def to_bgr_image(raw) -> np.ndarray:
     """(3, H, W) tensor/array of BGR pixels in [0, 255] -> (H, W, 3) uint8 BGR."""
-    if torch.is_tensor(raw):
-        raw = raw.detach().float().cpu().numpy()
-    raw = np.asarray(raw)
+    raw = np.asarray(raw.detach().float().cpu() if torch.is_tensor(raw) else raw)
     if raw.ndim != 3 or raw.shape[0] not in (1, 3):
         raise ValueError(f'expected a (3, H, W) image, got shape {raw.shape}')
     img = np.clip(raw, 0, 255).astype(np.uint8).transpose(1, 2, 0)
     return np.ascontiguousarray(np.repeat(img, 3, axis=2) if img.shape[2] == 1 else img)
 
 
-def normalize_map(heat: np.ndarray) -> np.ndarray:
-    """Min-max normalise one (h, w) map to [0, 1] (a constant map gives zeros)."""
-    heat = np.asarray(heat, dtype=np.float32)
-    lo, hi = float(heat.min()), float(heat.max())
-    return (heat - lo) / (hi - lo) if hi > lo else np.zeros_like(heat)
-
-
-def colorize(heat: np.ndarray, size) -> np.ndarray:
-    """(h, w) map in [0, 1] -> (H, W, 3) uint8 BGR JET colours, bilinearly resized."""
-    import cv2
-    heat = cv2.resize(np.asarray(heat, np.float32), (int(size[1]), int(size[0])),
-                      interpolation=cv2.INTER_LINEAR)
-    return cv2.applyColorMap(np.clip(heat * 255, 0, 255).astype(np.uint8), cv2.COLORMAP_JET)
-
-
 def overlay_heatmap(image: np.ndarray, heat: np.ndarray, alpha: float = 0.5,
                     normalize: bool = True) -> np.ndarray:
-    """Blend a (h, w) heatmap (resized to the image) over a (H, W, 3) uint8 BGR image."""
+    """Blend a (h, w) heatmap as JET colours, bilinearly resized, over a (H, W, 3) uint8 BGR
+    image. ``normalize``: min-max normalise the map to [0, 1] (a constant map gives zeros),
+    else clip it to [0, 1]."""
     import cv2
-    heat = normalize_map(heat) if normalize else np.clip(heat, 0, 1)
-    colour = colorize(heat, image.shape[:2])
+    heat = np.asarray(heat, dtype=np.float32)
+    lo, hi = float(heat.min()), float(heat.max())
+    if normalize:
+        heat = (heat - lo) / (hi - lo) if hi > lo else np.zeros_like(heat)
+    heat = cv2.resize(np.clip(heat, 0, 1), (image.shape[1], image.shape[0]),
+                      interpolation=cv2.INTER_LINEAR)
+    colour = cv2.applyColorMap(np.clip(heat * 255, 0, 255).astype(np.uint8), cv2.COLORMAP_JET)
     return cv2.addWeighted(image, 1 - alpha, colour, alpha, 0)
 
 
@@ -116,13 +106,7 @@ def _banner(text: str, width: int, height: int = 24) -> np.ndarray:
 
 
 def _pad_width(img: np.ndarray, width: int) -> np.ndarray:
-    if img.shape[1] >= width:
-        return img
-    return np.pad(img, ((0, 0), (0, width - img.shape[1]), (0, 0)), constant_values=255)
-
-
-def _name(names: Optional[List[str]], c: int) -> str:
-    return names[c] if names and 0 <= c < len(names) else str(c)
+    return np.pad(img, ((0, 0), (0, max(0, width - img.shape[1])), (0, 0)), constant_values=255)
 
 
 def group_figure(image: np.ndarray, groups, topk: int = 5, tile: int = 160) -> np.ndarray:
@@ -133,10 +117,9 @@ def group_figure(image: np.ndarray, groups, topk: int = 5, tile: int = 160) -> n
         image: (H, W, 3) uint8 BGR (the network input the masks refer to).
         groups: a :class:`~paca_mm.visualization.ClusterGroups`.
     """
-    names = groups.class_names
     ncols = max(1, topk)
     width = ncols * (tile + 2) + 2
-    gt = _name(names, groups.label)
+    gt = groups.class_name(groups.label)
     src = 'label' if groups.label_given else 'predicted'
     head = put_label(resize_tile(image, tile), f'input p={groups.base_prob:.2f}')
     rows = [_banner(f'stage {groups.stage} | {src} class: {gt}', width),
@@ -151,7 +134,7 @@ def group_figure(image: np.ndarray, groups, topk: int = 5, tile: int = 160) -> n
             masked = (img * mask).astype(np.uint8)
             t = put_label(resize_tile(masked, tile), f'#{m} p={float(groups.probs[m]):.2f}')
             if title == 'negative':
-                put_label(t, f'pred: {_name(names, int(groups.preds[m]))}', bottom=True)
+                put_label(t, f'pred: {groups.class_name(int(groups.preds[m]))}', bottom=True)
             tiles.append(t)
         if not tiles:
             tiles = [put_label(np.full((tile, tile, 3), 255, np.uint8), '(empty)',

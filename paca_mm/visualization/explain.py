@@ -1,6 +1,5 @@
 """Write the cluster explainer's figures for one image (used by tools/visualize_clusters.py)."""
 import json
-import os
 import os.path as osp
 from typing import Dict, List, Optional
 
@@ -35,7 +34,6 @@ def explain_image(model: nn.Module, raw: torch.Tensor, out_dir: str, stage: int 
     Returns dict(heatmaps=path, clusters=[paths], groups=path, summary=path,
     result=ClusterGroups or None, logits=(M, h, w) tensor).
     """
-    os.makedirs(out_dir, exist_ok=True)
     image = to_bgr_image(raw)
     logits = stage_cluster_logits(model, raw, stage)[0].cpu()  # (M, h, w)
     heat = cluster_heatmaps(logits)

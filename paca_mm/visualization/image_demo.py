@@ -60,25 +60,22 @@ def run_image_demo(config, checkpoint: Optional[str], image: str, out_file: str,
         result = inference_detector(model, image)
         vis = DetLocalVisualizer(name=_unique_name('paca_det_demo'))
         vis.dataset_meta = meta
-        vis.add_datasample('result', _read_rgb(image), data_sample=result, draw_gt=False,
-                           show=False, pred_score_thr=score_thr)
-        save_image(out_file, vis.get_image()[..., ::-1])
         n = int((result.pred_instances.scores >= score_thr).sum())
-        return dict(task='det', out_file=out_file, result=result, num_instances=n)
-    if scope == 'mmseg':
+        extra, out = dict(pred_score_thr=score_thr), dict(task='det', num_instances=n)
+    elif scope == 'mmseg':
         from mmseg.apis import inference_model
         from mmseg.visualization import SegLocalVisualizer
         result = inference_model(model, image)
-        num_classes = getattr(model.decode_head, 'num_classes', None) if hasattr(
-            model, 'decode_head') else None
+        num_classes = getattr(getattr(model, 'decode_head', None), 'num_classes', None)
         classes = meta.get('classes') or [str(i) for i in range(num_classes or 256)]
-        palette = meta.get('palette') or _palette(len(classes))
         vis = SegLocalVisualizer(name=_unique_name('paca_seg_demo'), alpha=0.5)
-        vis.set_dataset_meta(classes=classes, palette=palette)
+        vis.set_dataset_meta(classes=classes, palette=meta.get('palette') or _palette(len(classes)))
+        extra, out = {}, dict(task='seg')
+    if scope != 'mmpretrain':
         vis.add_datasample('result', _read_rgb(image), data_sample=result, draw_gt=False,
-                           show=False)
+                           show=False, **extra)
         save_image(out_file, vis.get_image()[..., ::-1])
-        return dict(task='seg', out_file=out_file, result=result)
+        return dict(out, out_file=out_file, result=result)
     # mmpretrain
     from mmpretrain.structures import DataSample
     from mmpretrain.visualization import UniversalVisualizer

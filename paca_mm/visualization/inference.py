@@ -1,4 +1,5 @@
-"""Config -> model (+ checkpoint) and image -> network-input pixels, for the tools.
+"""Config -> model (+ checkpoint), what kind of model it is, and image -> network-input
+pixels, for the tools, the cluster explainer and the ONNX export.
 
 Works for mmpretrain classifiers, mmdet detectors and mmseg segmentors: the toolbox is the
 config's ``default_scope``.
@@ -15,6 +16,48 @@ from mmengine.config import Config
 from mmengine.logging import print_log
 
 from ..registry import get_scope
+
+MODEL_KINDS = {('mmdet', 'BaseDetector'): 'detector', ('mmseg', 'BaseSegmentor'): 'segmentor',
+               ('mmpretrain', 'BaseClassifier'): 'classifier'}
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model inside DDP-style (and TTA) ``.module`` wrappers."""
+    while isinstance(getattr(model, 'module', None), nn.Module) and \
+            not hasattr(model, 'data_preprocessor') and not hasattr(model, 'record_clusters'):
+        model = model.module
+    return model
+
+
+def model_kind(model: nn.Module) -> str:
+    """'detector', 'segmentor' or 'classifier' for a model (or a wrapper of one) derived
+    from mmdet's, mmseg's or mmpretrain's base class of that name, else 'model'."""
+    for cls in type(unwrap(model)).__mro__:
+        kind = MODEL_KINDS.get((cls.__module__.split('.')[0], cls.__name__))
+        if kind:
+            return kind
+    return 'model'
+
+
+def normalize_inputs(model: nn.Module, raw: torch.Tensor) -> torch.Tensor:
+    """Apply the model's data_preprocessor channel order and mean/std to raw pixels.
+
+    Args:
+        raw: (B, 3, H, W) float, BGR in [0, 255] (as LoadImageFromFile + Pack* produce).
+    Returns (B, 3, H, W) normalised float input for ``model.backbone`` / ``model(...)``.
+    No padding is applied (PaCaViT accepts any size). Traceable: the ONNX export
+    (:mod:`paca_mm.deployment`) puts it into the graph.
+    """
+    if raw.dim() != 4:
+        raise ValueError(f'expected (B, 3, H, W) raw images, got shape {tuple(raw.shape)}')
+    dp = getattr(unwrap(model), 'data_preprocessor', None)
+    x = raw.float()
+    if any(getattr(dp, a, False) for a in ('_channel_conversion', 'channel_conversion', 'to_rgb')):
+        x = x.flip(1)  # BGR <-> RGB
+    mean, std = getattr(dp, 'mean', None), getattr(dp, 'std', None)
+    if getattr(dp, '_enable_normalize', mean is not None) and mean is not None:
+        x = (x - mean.to(x).view(1, -1, 1, 1)) / std.to(x).view(1, -1, 1, 1)
+    return x
 
 
 def load_config(config: Union[str, Config], cfg_options: Optional[dict] = None) -> Config:
@@ -61,26 +104,28 @@ def load_model_weights(model: nn.Module, checkpoint: str, scope: str,
                   level=30)
         load_backbone_checkpoint(model.backbone, ckpt, strict=True)
         return ckpt if isinstance(ckpt, dict) else {}
-    if official:
-        sd = convert_official_to_classifier(sd)
-    missing = [k for k in model.state_dict() if k not in sd]
-    if len(missing) == len(model.state_dict()):
+    sd = convert_official_to_classifier(sd) if official else sd
+    if not any(k in sd for k in model.state_dict()):
         raise ValueError(f'checkpoint {checkpoint!r} shares no key with the model '
                          f'{type(model).__name__}; first checkpoint keys: {list(sd)[:5]}')
     load_state_dict(model, sd, strict=False, logger='current')
     return ckpt if isinstance(ckpt, dict) else {}
 
 
+def _dataset_cfgs(cfg: Config, keys):
+    """The dataset dicts of the ``keys`` dataloaders, each wrapper (RepeatDataset ...) before
+    the dataset it wraps."""
+    for key in keys:
+        ds = (cfg.get(key) or {}).get('dataset')
+        while isinstance(ds, dict):
+            yield ds
+            ds = ds.get('dataset')
+
+
 def _dataset_metainfo(cfg: Config) -> Optional[dict]:
     """classes (and palette) of the config's test/val dataset, if they can be found."""
     datasets = importlib.import_module(f'{get_scope(cfg)}.registry').DATASETS
-    for key in ('test_dataloader', 'val_dataloader', 'train_dataloader'):
-        ds = (cfg.get(key) or {}).get('dataset')
-        while isinstance(ds, dict) and 'dataset' in ds and 'type' in ds and \
-                'metainfo' not in ds:
-            ds = ds['dataset']
-        if not isinstance(ds, dict):
-            continue
+    for ds in _dataset_cfgs(cfg, ('test_dataloader', 'val_dataloader', 'train_dataloader')):
         if ds.get('metainfo'):
             return dict(ds['metainfo'])
         cls = datasets.get(ds.get('type')) if isinstance(ds.get('type'), str) else ds.get('type')
@@ -127,16 +172,6 @@ def build_model(config: Union[str, Config], checkpoint: Optional[str] = None,
     return model.to(device).eval()
 
 
-def _test_pipeline(cfg: Config):
-    for key in ('test_dataloader', 'val_dataloader'):
-        ds = (cfg.get(key) or {}).get('dataset')
-        while isinstance(ds, dict) and 'pipeline' not in ds and 'dataset' in ds:
-            ds = ds['dataset']
-        if isinstance(ds, dict) and ds.get('pipeline'):
-            return ds['pipeline']
-    return cfg.get('test_pipeline')
-
-
 def load_image(cfg: Config, image: Union[str, np.ndarray],
                size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
     """Image file (or (H, W, 3) uint8 BGR array) -> (3, H, W) float raw BGR network input.
@@ -161,7 +196,10 @@ def load_image(cfg: Config, image: Union[str, np.ndarray],
     if size is not None:
         img = cv2.resize(img, (int(size[1]), int(size[0])), interpolation=cv2.INTER_LINEAR)
     else:
-        pipeline = [t for t in (_test_pipeline(cfg) or [])
+        pipeline = next((ds['pipeline'] for ds in _dataset_cfgs(
+            cfg, ('test_dataloader', 'val_dataloader')) if ds.get('pipeline')),
+            cfg.get('test_pipeline'))
+        pipeline = [t for t in (pipeline or [])
                     if not str(t.get('type', '')).startswith(('Load', 'Pack')) and
                     'Annotation' not in str(t.get('type', ''))]
         if pipeline:
