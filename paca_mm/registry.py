@@ -52,6 +52,8 @@ def register_all():
     from .models.decode_heads import PaCaEncoderDecoder, PaCaHead  # None without mmseg
     register('mmseg', 'MODELS', PaCaHead, names=['PaCaHead', 'PaCaSegHead'])
     register('mmseg', 'MODELS', PaCaEncoderDecoder)
+    from .models.test_time_augs import MaskRCNNTTAModel  # None without mmdet
+    register('mmdet', 'MODELS', MaskRCNNTTAModel)  # --tta of instance masks
     from .engine.cpu import CPUAmpOptimWrapper, CPUDistributedDataParallel  # tools, CPU
     register('mmengine', 'OPTIM_WRAPPERS', CPUAmpOptimWrapper)
     register('mmengine', 'MODEL_WRAPPERS', CPUDistributedDataParallel)

@@ -23,3 +23,4 @@ log_level = 'INFO'
 load_from = None
 resume = False
 randomness = dict(seed=None, deterministic=False)
+tta_model = dict(type='AverageClsScoreTTA')  # tools/test.py --tta: mean of the views' scores

@@ -18,3 +18,8 @@ log_processor = dict(type='LogProcessor', window_size=50, by_epoch=True)
 log_level = 'INFO'
 load_from = None
 resume = False
+# tools/test.py --tta: boxes merged per class with NMS across the views (as mmdet's
+# DetTTAModel), masks averaged over the views (paca_mm.models.test_time_augs)
+tta_model = dict(
+    type='MaskRCNNTTAModel',
+    tta_cfg=dict(nms=dict(type='nms', iou_threshold=0.5), max_per_img=100))

@@ -63,6 +63,22 @@ test_pipeline = [
     dict(type='PackDetInputs',
          meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor')),
 ]
+# tools/test.py --tta: the test scale and its neighbours (the training scales), each
+# flipped and not; boxes and masks merged by paca_mm's MaskRCNNTTAModel (tta_model of
+# default_runtime_det.py)
+tta_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='TestTimeAug',
+         transforms=[
+             [dict(type='Resize', scale=s, keep_ratio=True)
+              for s in [(240, 112), (240, 128), (240, 144)]],
+             [dict(type='RandomFlip', prob=1.), dict(type='RandomFlip', prob=0.)],
+             [dict(type='LoadAnnotations', with_bbox=True, with_mask=True)],
+             [dict(type='PackDetInputs',
+                   meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape',
+                              'scale_factor', 'flip', 'flip_direction'))],
+         ]),
+]
 train_dataloader = dict(
     batch_size=2,
     num_workers=1,

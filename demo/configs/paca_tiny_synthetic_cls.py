@@ -45,6 +45,14 @@ test_pipeline = [
     dict(type='LoadImageFromFile'),
     dict(type='PackInputs'),
 ]
+# tools/test.py --tta: the image and its mirror image, scores averaged (AverageClsScoreTTA,
+# tta_model of default_runtime_cls.py)
+tta_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='TestTimeAug',
+         transforms=[[dict(type='RandomFlip', prob=1.), dict(type='RandomFlip', prob=0.)],
+                     [dict(type='PackInputs')]]),
+]
 
 train_dataloader = dict(
     batch_size=16,

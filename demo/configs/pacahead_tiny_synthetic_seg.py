@@ -42,6 +42,19 @@ test_pipeline = [
     dict(type='LoadAnnotations', reduce_zero_label=False),
     dict(type='PackSegInputs'),
 ]
+# tools/test.py --tta: 3 scales x flip, class probabilities averaged by mmseg's SegTTAModel
+# (tta_model of default_runtime_seg.py), as configs/_base_/datasets/ade20k.py
+tta_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='TestTimeAug',
+         transforms=[
+             [dict(type='Resize', scale_factor=r, keep_ratio=True) for r in (0.75, 1.0, 1.25)],
+             [dict(type='RandomFlip', prob=0., direction='horizontal'),
+              dict(type='RandomFlip', prob=1., direction='horizontal')],
+             [dict(type='LoadAnnotations', reduce_zero_label=False)],
+             [dict(type='PackSegInputs')],
+         ]),
+]
 _dataset = dict(
     type='PaCaSyntheticSeg',  # BaseSegDataset + errors naming a bad file and the dataset
     data_root=data_root,

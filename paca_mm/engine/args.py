@@ -152,11 +152,14 @@ def trigger_visualization(cfg: Config, scope: str, show: bool = False,
         hook['wait_time'] = wait_time
 
 
-def _default_flip_tta_pipeline(test_pipeline: list) -> list:
-    """test pipeline with its last (packing) step replaced by a flip/no-flip TestTimeAug."""
-    tta = copy.deepcopy(list(test_pipeline))
+def _default_flip_tta_pipeline(test_pipeline: list, scope: str) -> list:
+    """test pipeline with its last (packing) step replaced by a flip/no-flip TestTimeAug
+    (mmdet's packing also keeps the ``flip`` meta keys its TTA models read)."""
+    tta, pack = copy.deepcopy(list(test_pipeline)), copy.deepcopy(test_pipeline[-1])
+    if scope == 'mmdet' and 'meta_keys' in pack:
+        pack['meta_keys'] = tuple(pack['meta_keys']) + ('flip', 'flip_direction')
     flips = [dict(type='RandomFlip', prob=1.), dict(type='RandomFlip', prob=0.)]
-    tta[-1] = dict(type='TestTimeAug', transforms=[flips, [test_pipeline[-1]]])
+    tta[-1] = dict(type='TestTimeAug', transforms=[flips, [pack]])
     return tta
 
 
@@ -164,7 +167,11 @@ def apply_tta(cfg: Config, scope: str) -> None:
     """``--tta``: wrap ``cfg.model`` in ``cfg.tta_model`` and test with ``cfg.tta_pipeline``.
 
     mmseg requires both in the config (as its test.py); mmdet and mmpretrain fall back to
-    their default TTA models with a flip pipeline, as their test.py do.
+    a flip pipeline and their default TTA model, as their test.py do, except that a
+    detector with a mask head gets :class:`~paca_mm.models.test_time_augs.MaskRCNNTTAModel`
+    (mmdet's ``DetTTAModel`` refuses masks). The names are unprefixed: the model is
+    built in the config's default scope, and mmdet registers ``DetTTAModel`` in mmengine's
+    root registry (found from the mmdet scope as ``DetTTAModel``, not ``mmdet.DetTTAModel``).
     """
     test_dataset = cfg.test_dataloader.dataset
     if scope == 'mmseg':
@@ -172,19 +179,18 @@ def apply_tta(cfg: Config, scope: str) -> None:
         if missing:
             raise ValueError(f'--tta needs {missing} in the config (mmseg has no default)')
     elif scope == 'mmdet':
+        masks = cfg.model.get('roi_head', {}).get('mask_head') is not None
         cfg.setdefault('tta_model', dict(
-            type='mmdet.DetTTAModel',
+            type='MaskRCNNTTAModel' if masks else 'DetTTAModel',
             tta_cfg=dict(nms=dict(type='nms', iou_threshold=0.5), max_per_img=100)))
         while 'dataset' in test_dataset:
             test_dataset = test_dataset['dataset']
-        if 'tta_pipeline' not in cfg:
-            cfg.tta_pipeline = _default_flip_tta_pipeline(test_dataset.pipeline)
         if 'batch_shapes_cfg' in test_dataset:
             test_dataset.batch_shapes_cfg = None
     else:  # mmpretrain
-        cfg.setdefault('tta_model', dict(type='mmpretrain.AverageClsScoreTTA'))
-        if 'tta_pipeline' not in cfg:
-            cfg.tta_pipeline = _default_flip_tta_pipeline(test_dataset.pipeline)
+        cfg.setdefault('tta_model', dict(type='AverageClsScoreTTA'))
+    if 'tta_pipeline' not in cfg:
+        cfg.tta_pipeline = _default_flip_tta_pipeline(test_dataset.pipeline, scope)
     test_dataset.pipeline = cfg.tta_pipeline
     cfg.model = ConfigDict(**cfg.tta_model, module=cfg.model)
 

@@ -40,6 +40,22 @@ test_pipeline = [
         type='PackDetInputs',
         meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor')),
 ]
+# tools/test.py --tta (not used for the paper's numbers): short side 640 / 800 / 960 within
+# the training range, each flipped and not; tta_model: default_runtime_det.py
+tta_pipeline = [
+    dict(type='LoadImageFromFile', backend_args=backend_args),
+    dict(
+        type='TestTimeAug',
+        transforms=[
+            [dict(type='Resize', scale=s, keep_ratio=True)
+             for s in [(1333, 640), (1333, 800), (1600, 960)]],
+            [dict(type='RandomFlip', prob=1.), dict(type='RandomFlip', prob=0.)],
+            [dict(type='LoadAnnotations', with_bbox=True, with_mask=True)],
+            [dict(type='PackDetInputs',
+                  meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor',
+                             'flip', 'flip_direction'))],
+        ]),
+]
 train_dataloader = dict(
     batch_size=2,  # per GPU; the recipe is 8 GPUs x 2 = 16
     num_workers=2,

@@ -48,6 +48,13 @@ test_pipeline = [
     dict(type='CenterCrop', crop_size=224),
     dict(type='PackInputs'),
 ]
+# tools/test.py --tta (not used for the paper's numbers): the test view and its mirror image,
+# scores averaged (tta_model: default_runtime_cls.py), as mmpretrain's tools/test.py default
+tta_pipeline = test_pipeline[:-1] + [
+    dict(type='TestTimeAug',
+         transforms=[[dict(type='RandomFlip', prob=1.), dict(type='RandomFlip', prob=0.)],
+                     [dict(type='PackInputs')]]),
+]
 
 train_dataloader = dict(
     batch_size=128,
