@@ -127,3 +127,55 @@ def installed_paca_mm(tmp_path_factory):
                           universal_newlines=True, timeout=300)
     assert proc.returncode == 0, f'pip install of the checkout failed:\n{proc.stdout[-4000:]}'
     return target
+
+
+# The CPU demos, trained once per test session through tools/train.py and evaluated through
+# tools/test.py (shortened budgets); tests of what the trained models do share them.
+@pytest.fixture(scope='session')
+def demo_det(tmp_path_factory):
+    """demo.det.run's result: the detection demo trained for 150 iterations on 120
+    generated images (~2 min on 2 cores), AP on 24, also of the untrained detector."""
+    from demo import det
+    tmp = tmp_path_factory.mktemp('demo_det')
+    return det.run(str(tmp / 'det'), iters=150, data_root=str(tmp / 'data'), num_train=120,
+                   num_val=24, baseline=True, threads=2, timeout=600)
+
+
+# A smaller budget than the seg demo (128 px, 300 iterations): about 45 s of CPU.
+# Measured (1 thread, busy 2-core box, 46 s wall): mIoU 54.2, per class 75.6 / 45.0 / 52.6 /
+# 43.6, chance 18.9.
+DEMO_SEG = dict(iters=160, num_train=96, num_val=24, img_size=64)
+
+
+@pytest.fixture(scope='session')
+def demo_seg(tmp_path_factory):
+    """demo.seg.run's result for ``DEMO_SEG`` (64 px images, 160 iterations) and its
+    ``img_size``."""
+    from demo.seg import run
+    tmp = tmp_path_factory.mktemp('demo_seg')
+    return dict(run(work_dir=str(tmp / 'seg'), data_root=str(tmp / 'data'), timeout=600,
+                    threads=1, **DEMO_SEG), img_size=DEMO_SEG['img_size'])
+
+
+@pytest.fixture(scope='session')
+def demo_cls(tmp_path_factory):
+    """The classification demo config trained for 2 epochs on 8 generated images per class
+    (tools/train.py, cluster hook every 2 iterations): dict(work_dir, checkpoint, options
+    (the ``--cfg-options`` for both tools), cwd, output (the tool's output))."""
+    import subprocess
+    tmp = tmp_path_factory.mktemp('demo_cls')
+    data_root = str(tmp / 'data')
+    opts = [f'{split}_dataloader.dataset.{k}' for split in ('train', 'val', 'test')
+            for k in (f'data_root={data_root}', 'train_per_class=8')]
+    opts += ['train_cfg.max_epochs=2', 'train_cfg.val_interval=2',
+             'default_hooks.checkpoint.interval=2', 'custom_hooks.0.interval=2']
+    work_dir = str(tmp / 'work')
+    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=ROOT)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, 'tools', 'train.py'),
+         os.path.join(ROOT, 'demo', 'configs', 'paca_tiny_synthetic_cls.py'), '--work-dir',
+         work_dir, '--cfg-options'] + opts,
+        cwd=str(tmp), env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return dict(work_dir=work_dir, checkpoint=os.path.join(work_dir, 'epoch_2.pth'),
+                options=opts, cwd=str(tmp), output=proc.stdout + proc.stderr)

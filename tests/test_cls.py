@@ -222,21 +222,10 @@ def _run_tool(args, cwd):
 
 
 @pytest.mark.slow
-def test_train_then_test_end_to_end(tmp_path):
-    """tools/train.py (2 epochs on the tiny generated dataset, cluster hook on) then
-    tools/test.py (top-1 with mmpretrain's Accuracy)."""
-    data_root = str(tmp_path / 'data')
-    work_dir = str(tmp_path / 'work')
-    opts = [f'train_dataloader.dataset.data_root={data_root}',
-            f'val_dataloader.dataset.data_root={data_root}',
-            f'test_dataloader.dataset.data_root={data_root}',
-            'train_dataloader.dataset.train_per_class=8',
-            'val_dataloader.dataset.train_per_class=8',
-            'test_dataloader.dataset.train_per_class=8',
-            'train_cfg.max_epochs=2', 'train_cfg.val_interval=2',
-            'default_hooks.checkpoint.interval=2', 'custom_hooks.0.interval=2']
-    _run_tool([osp.join(ROOT, 'tools', 'train.py'), DEMO_CFG, '--work-dir', work_dir,
-               '--cfg-options'] + opts, cwd=str(tmp_path))
+def test_train_then_test_end_to_end(demo_cls):
+    """tools/train.py (2 epochs on the tiny generated dataset, cluster hook on: the
+    session's ``demo_cls``) then tools/test.py (top-1 with mmpretrain's Accuracy)."""
+    work_dir, opts = demo_cls['work_dir'], demo_cls['options']
     ckpt = osp.join(work_dir, 'epoch_2.pth')
     assert osp.isfile(ckpt)
     # the cluster hook wrote heatmaps every 2 iterations (4 classes x 8 / batch 16 = 2 iters
@@ -245,7 +234,7 @@ def test_train_then_test_end_to_end(tmp_path):
     assert [osp.basename(p) for p in pngs] == ['iter_000002_stage1.png',
                                                'iter_000004_stage1.png']
     out = _run_tool([osp.join(ROOT, 'tools', 'test.py'), DEMO_CFG, ckpt, '--work-dir',
-                     work_dir, '--cfg-options'] + opts, cwd=str(tmp_path))
+                     work_dir, '--cfg-options'] + opts, cwd=demo_cls['cwd'])
     assert 'accuracy/top1' in out
     results = glob.glob(osp.join(work_dir, '*', '*.json'))
     metrics = [json.load(open(f)) for f in results]

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from demo.datasets.synthetic_seg import CLASSES, generate_synthetic_seg, make_sample
-from demo.seg import run
 
 
 def test_synthetic_seg_is_deterministic(tmp_path):
@@ -26,23 +25,18 @@ def test_synthetic_seg_is_deterministic(tmp_path):
         generate_synthetic_seg(str(tmp_path / 'e'), num_train=0)
 
 
-# A smaller budget than the demo (128 px, 300 iterations): about 45 s of CPU.
-# Measured (1 thread, busy 2-core box, 46 s wall): mIoU 54.2, per class 75.6 / 45.0 / 52.6 /
-# 43.6, chance 18.9.
-IMG_SIZE, ITERS, NUM_TRAIN, NUM_VAL = 64, 160, 96, 24
 MIN_MIOU, MIN_CLASS_IOU = 40.0, 15.0
 
 
 @pytest.mark.slow
-def test_seg_demo_beats_chance(tmp_path):
-    result = run(work_dir=str(tmp_path / 'seg'), iters=ITERS,
-                 data_root=str(tmp_path / 'data'), num_train=NUM_TRAIN, num_val=NUM_VAL,
-                 img_size=IMG_SIZE, timeout=600, threads=1)
+def test_seg_demo_beats_chance(demo_seg):
+    """The session's ``demo_seg`` (a shortened demo, see conftest.DEMO_SEG)."""
+    result = demo_seg
     print(json.dumps({k: result[k] for k in ('metrics', 'per_class_iou', 'train_time_s',
                                              'test_time_s')}))
     metrics = result['metrics']
     assert osp.isfile(result['paths']['checkpoint'])
-    assert result['iters'] == ITERS
+    assert result['iters'] == 160
     assert set(result['per_class_iou']) == set(CLASSES)
     # predicting the majority class (background) everywhere gives chance_mIoU (~19%)
     assert metrics['mIoU'] > MIN_MIOU > 2 * metrics['chance_mIoU']
