@@ -115,12 +115,12 @@ def test_test_args_follow_each_toolbox():
     assert cfg.test_dataloader.dataset.pipeline == [dict(type='LoadImageFromFile')]
 
     # mmdet: --out is a pickle (DumpDetResults), --show-dir is the hook's test_out_dir,
-    # --tta falls back to DetTTAModel with a flip pipeline
+    # --tta falls back to DetTTAModel (no mask head) with a flip pipeline
     cfg = _cfg(default_scope='mmdet')
     apply_test_args(cfg, 'mmdet', 'ckpt.pth', out='r.pkl', show_dir='vis', tta=True)
     assert cfg.test_evaluator[-1] == dict(type='mmdet.DumpDetResults', out_file_path='r.pkl')
     assert cfg.default_hooks.visualization.test_out_dir == 'vis'
-    assert cfg.model.type == 'mmdet.DetTTAModel'
+    assert cfg.model.type == 'DetTTAModel'
     assert cfg.test_dataloader.dataset.pipeline[-1]['type'] == 'TestTimeAug'
     with pytest.raises(ValueError, match='pkl'):
         apply_test_args(_cfg(), 'mmdet', 'ckpt.pth', out='r.json')
@@ -131,7 +131,7 @@ def test_test_args_follow_each_toolbox():
     assert cfg.test_evaluator[-1]['type'] == 'DumpResults'
     assert cfg.default_hooks.visualization.enable is True
     assert cfg.default_hooks.visualization.out_dir == 'vis'
-    assert cfg.model.type == 'mmpretrain.AverageClsScoreTTA'
+    assert cfg.model.type == 'AverageClsScoreTTA'
 
 
 def test_show_and_interval_reach_the_visualization_hook():

@@ -192,3 +192,56 @@ def test_cls_tta_end_to_end(demo_cls, tmp_path):
                   .pred_score for x in (data['inputs'], data['inputs'].flip(-1))]
         torch.testing.assert_close(pred['pred_score'], (scores[0] + scores[1]) / 2)
         assert not torch.allclose(scores[0], scores[1])  # the mirror image does count
+
+
+@pytest.mark.parametrize('config,scope,expected', [
+    ('demo/configs/mask_rcnn_tiny_synthetic_coco.py', 'mmdet', 'MaskRCNNTTAModel'),
+    ('demo/configs/paca_tiny_synthetic_cls.py', 'mmpretrain', 'AverageClsScoreTTA'),
+    ('demo/configs/pacahead_tiny_synthetic_seg.py', 'mmseg', 'SegTTAModel'),
+    ('configs/mask_rcnn/mask_rcnn_pacavit_tiny_p2cconv_100_0_mstrain_480_800_1x_coco.py',
+     'mmdet', 'MaskRCNNTTAModel'),
+    ('configs/paca_vit_imagenet/pacavit_tiny_p2cconv_100_0_8xb128_in1k.py', 'mmpretrain',
+     'AverageClsScoreTTA'),
+    ('configs/paca_head/pacahead_pacavit_tiny_p2cconv_100_0_512x512_160k_ade20k.py', 'mmseg',
+     'SegTTAModel')])
+@pytest.mark.parametrize('in_config', [True, False])
+def test_tta_models_resolve_in_the_config_scope(config, scope, expected, in_config):
+    """``--tta`` wraps the model in a TTA model that the Runner finds from the config's
+    default scope: the config's own ``tta_model`` and the fallback when the config has
+    none (mmseg has no fallback); mmdet's fallback packs the flip meta keys."""
+    from mmengine.config import Config
+    from mmengine.registry import MODELS
+
+    from paca_mm.engine.args import apply_tta
+    from paca_mm.registry import register_toolbox_modules
+    cfg = Config.fromfile(osp.join(ROOT, config))
+    assert cfg.tta_model.type == expected and cfg.tta_pipeline[-1].type == 'TestTimeAug'
+    if not in_config:
+        if scope == 'mmseg':
+            return  # mmseg's --tta requires both (tests/test_tools.py)
+        cfg.pop('tta_model')
+        cfg.pop('tta_pipeline')
+    register_toolbox_modules(cfg)
+    apply_tta(cfg, scope)
+    assert cfg.model.type == expected and 'backbone' in cfg.model.module
+    with MODELS.switch_scope_and_registry(scope) as registry:
+        assert registry.get(cfg.model.type) is not None, cfg.model.type
+    pipeline = cfg.test_dataloader.dataset.pipeline
+    assert pipeline[-1].type == 'TestTimeAug'
+    pack = pipeline[-1].transforms[-1][0]
+    if scope == 'mmdet':
+        assert {'flip', 'flip_direction'} <= set(pack.meta_keys)
+
+
+def test_mask_tta_needs_a_mask_head():
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+
+    import paca_mm  # noqa: F401
+    from mmdet.registry import MODELS
+    cfg = Config.fromfile(DET_CFG)
+    for key in ('mask_head', 'mask_roi_extractor'):
+        cfg.model.roi_head.pop(key)
+    init_default_scope('mmdet')
+    with pytest.raises(ValueError, match='mask head.*DetTTAModel'):
+        MODELS.build(dict(**cfg.tta_model, module=cfg.model))

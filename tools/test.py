@@ -6,10 +6,10 @@
 Semantics follow the toolbox named by the config's default_scope: ``--out`` is a directory
 of prediction maps for mmseg and a ``.pkl`` of predictions for mmdet and mmpretrain;
 ``--show-dir`` saves painted predictions; ``--tta`` uses the config's ``tta_model`` and
-``tta_pipeline`` (mmdet/mmpretrain fall back to a flip TTA). CHECKPOINT is loaded
-weights-only plus what mmengine Runner checkpoints contain (see ``paca_mm/checkpoint/loading.py``);
-a file that pickles other objects is refused unless you trust it: ``--trust-checkpoint``
-or ``PACA_MM_TRUST_CHECKPOINTS=1``.
+``tta_pipeline`` (mmdet/mmpretrain fall back to a flip TTA; see README "Tools").
+CHECKPOINT is loaded weights-only plus what mmengine Runner checkpoints contain (see
+``paca_mm/checkpoint/loading.py``); a file that pickles other objects is refused unless you
+trust it: ``--trust-checkpoint`` or ``PACA_MM_TRUST_CHECKPOINTS=1``.
 Multi-process: tools/dist_test.sh, tools/slurm_test.sh.
 """
 import argparse
@@ -50,7 +50,8 @@ def parse_args(argv=None):
         help='override config settings, key=value pairs (e.g. test_dataloader.batch_size=2)')
     parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
                         default='none', help='job launcher')
-    parser.add_argument('--tta', action='store_true', help='test time augmentation')
+    parser.add_argument('--tta', action='store_true',
+                        help='test time augmentation (the config\'s tta_model, tta_pipeline)')
     parser.add_argument(
         '--trust-checkpoint', action='store_true',
         help='unpickle the checkpoints this run loads in full (they may run code): only for '

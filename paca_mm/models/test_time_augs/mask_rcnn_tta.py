@@ -33,6 +33,13 @@ class MaskRCNNTTAModel(DetTTAModel):
        thresholded at ``test_cfg.rcnn.mask_thr_binary`` -> masks (N, H, W) bool.
     """
 
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        if not (getattr(self.module, 'with_rpn', False) and self.module.roi_head.with_mask):
+            raise ValueError(f'MaskRCNNTTAModel needs a two-stage detector with an RPN and a '
+                             f'mask head (e.g. MaskRCNN), got {type(self.module).__name__}; '
+                             'use DetTTAModel for detectors without masks')
+
     def test_step(self, data: dict) -> list:
         det = self.module
         views = [{k: v[i] for k, v in data.items()} for i in range(len(data['inputs']))]
