@@ -94,9 +94,10 @@ def test_demo_trains_and_beats_untrained(tmp_path):
     11.7-15.9 (bbox AP 3.0-5.8), segm_AP50 13.9-19.6 (segm AP 8.2-13.3), and bbox_AP50 +
     segm_AP50 25.6-35.0 (mean 31.8, sd 3.2); neither code was worse. The full demo (400
     iterations, seed 0) moved as much between the older commit and a later one with the
-    current training code: bbox / segm AP 18.8 / 27.3, then 12.2 / 16.2. AP alone is too noisy here to catch a real drop of that size (-35% box,
-    -40% mask AP) without failing healthy runs; the AP50 sum's floor of 22 is 14% under the
-    lowest healthy run and above what such a drop leaves of the mean (about 19.7)."""
+    current training code: bbox / segm AP 18.8 / 27.3, then 12.2 / 16.2. AP alone is too
+    noisy here to catch a real drop of that size (-35% box, -40% mask AP) without failing
+    healthy runs; the AP50 sum's floor of 22 is 14% under the lowest healthy run and above
+    what such a drop leaves of the mean (about 19.7)."""
     from demo import det
     res = det.run(str(tmp_path / 'det'), iters=150, data_root=str(tmp_path / 'data'),
                   num_train=120, num_val=24, baseline=True, threads=2, timeout=600)
