@@ -90,8 +90,8 @@ def test_demo_trains_and_beats_untrained(demo_det):
     Training is chaotic: float-level differences (seed, thread count, a numerically equivalent
     rewrite of the backbone) move the result a lot, while a fixed seed and thread count give
     the same numbers run after run. This recipe with 1 thread (the fixture uses 2), seeds
-    0-2, with the current code and with an older commit whose backbone computes the same function with other
-    kernels (one training step: same losses to 1e-6, same gradients to 0.3%), gave bbox_AP50
+    0-2, with the current code and with an older commit whose backbone computes the same
+    function with other kernels (one training step: same losses to 1e-6, same gradients to 0.3%), gave bbox_AP50
     11.7-15.9 (bbox AP 3.0-5.8), segm_AP50 13.9-19.6 (segm AP 8.2-13.3), and bbox_AP50 +
     segm_AP50 25.6-35.0 (mean 31.8, sd 3.2); neither code was worse. The full demo (400
     iterations, seed 0) moved as much between the older commit and a later one with the
