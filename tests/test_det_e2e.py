@@ -88,17 +88,17 @@ def test_demo_trains_and_beats_untrained(demo_det):
     runs.
 
     Training is chaotic: float-level differences (seed, thread count, a numerically equivalent
-    rewrite of the backbone) move the result a lot, while a fixed seed and thread count give
-    the same numbers run after run. This recipe with 1 thread (the fixture uses 2), seeds
-    0-2, with the current code and with an older commit whose backbone computes the same
-    function with other kernels (one training step: same losses to 1e-6, same gradients to 0.3%), gave bbox_AP50
-    11.7-15.9 (bbox AP 3.0-5.8), segm_AP50 13.9-19.6 (segm AP 8.2-13.3), and bbox_AP50 +
-    segm_AP50 25.6-35.0 (mean 31.8, sd 3.2); neither code was worse. The full demo (400
-    iterations, seed 0) moved as much between the older commit and a later one with the
-    current training code: bbox / segm AP 18.8 / 27.3, then 12.2 / 16.2. AP alone is too
-    noisy here to catch a real drop of that size (-35% box, -40% mask AP) without failing
-    healthy runs; the AP50 sum's floor of 22 is 14% under the lowest healthy run and above
-    what such a drop leaves of the mean (about 19.7)."""
+    rewrite of the backbone) move the result a lot, while a fixed seed and thread count give the
+    same numbers run after run. This recipe with 1 thread (the fixture uses 2), seeds 0-2, with
+    the current code and with an older commit whose backbone computes the same function with
+    other kernels (one training step: same losses to 1e-6, same gradients to 0.3%), gave
+    bbox_AP50 11.7-15.9 (bbox AP 3.0-5.8), segm_AP50 13.9-19.6 (segm AP 8.2-13.3), and bbox_AP50
+    + segm_AP50 25.6-35.0 (mean 31.8, sd 3.2); neither code was worse. The full demo (400
+    iterations, seed 0) moved as much between the older commit and a later one with the current
+    training code: bbox / segm AP 18.8 / 27.3, then 12.2 / 16.2. AP alone is too noisy here to
+    catch a real drop of that size (-35% box, -40% mask AP) without failing healthy runs; the
+    AP50 sum's floor of 22 is 14% under the lowest healthy run and above what such a drop leaves
+    of the mean (about 19.7)."""
     res = demo_det
     trained, untrained = res['metrics'], res['metrics_untrained']
     print('trained', trained, '\nuntrained', untrained, '\ntimes', res['train_time_s'],
