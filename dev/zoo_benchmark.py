@@ -190,6 +190,20 @@ def complexity(model, task, shape, device):
         return params, None
 
 
+def op_profile(fn, x, device, amp, top):
+    """The ``top`` op types by self time in one eager inference (torch.profiler's
+    ``key_averages``, grouped by op): [op, self ms, share of the total]."""
+    from torch.profiler import ProfilerActivity, profile
+    cuda = device.startswith('cuda')
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+                 ) as prof:
+        bench.time_forward(fn, x, device, amp)
+    attr = 'self_cuda_time_total' if cuda else 'self_cpu_time_total'
+    events = sorted(prof.key_averages(), key=lambda e: getattr(e, attr), reverse=True)
+    total = sum(getattr(e, attr) for e in events) or 1
+    return [[e.key, getattr(e, attr) / 1e3, getattr(e, attr) / total] for e in events[:top]]
+
+
 def memory_worker(path, shape, device, amp):
     """In a fresh process: MB of peak memory growth of one eager inference."""
     torch.set_num_threads(int(os.environ.get('BENCH_THREADS', '2')))
@@ -277,6 +291,9 @@ def run(models, args):
         print(f'round {r + 1}/{args.rounds} done', flush=True)
     for (i, part, e), ts in times.items():
         records[i]['ms'][part][e] = 1000 * statistics.median(ts)
+        if args.profile and e == 'eager':
+            records[i].setdefault('profile', {})[part] = op_profile(
+                fns[i, part, e], records[i]['_x'], args.device, args.amp, args.profile)
     for rec in records:
         shape = tuple(int(v) for v in rec['size'].split('x'))
         rec['mem_mb'] = None if args.skip_memory else measure_memory(rec.pop('_path'), shape,
@@ -416,6 +433,9 @@ def main(argv=None):
     p.add_argument('--size', type=size_arg, default=None,
                    help='HxW for every model (default 512x512 seg, 800x1344 det)')
     p.add_argument('--skip-memory', action='store_true')
+    p.add_argument('--profile', type=int, default=0, metavar='TOP',
+                   help='also profile one eager inference per model and part: its TOP op '
+                   'types by self time (torch.profiler key_averages)')
     p.add_argument('--out', default='work_dirs/zoo_benchmark/zoo.json')
     p.add_argument('--official', metavar='PATH',
                    help='instead: paca_mm against the official PaCa-Small at PATH (a checkout '
