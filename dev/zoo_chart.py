@@ -127,7 +127,8 @@ def markdown(records, settings):
                              f"{ms:.0f} {'*' if g == 1.0 else f'(×{g:.2f})'}")
             num = (lambda v, d=1: '–' if v is None else f'{v:.{d}f}')  # noqa: E731
             lines.append(f"| {r['model']} | "
-                         + ' | '.join(num(r['published'].get(m)) for m in metrics)
+                         + ' | '.join(format(r['published'][m], 'g') if m in r['published']
+                                      else '–' for m in metrics)
                          + f" | {num(r['params_m'])} | {num(r['gmacs'])} "
                          f"| {num(r['mem_mb'], 0)} | " + ' | '.join(cells) + ' |')
         for r in rows:
