@@ -117,6 +117,9 @@ class OnnxRuntimeModel:
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # no busy-waiting threads after a run: they would take the cores from the model
+        # timed next (another model or engine) on a machine with few cores
+        opts.add_session_config_entry('session.intra_op.allow_spinning', '0')
         self.session = ort.InferenceSession(path, opts, providers=['CPUExecutionProvider'])
         os.remove(path)
 

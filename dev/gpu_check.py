@@ -4,14 +4,21 @@
 1. ``dev/benchmark.py`` twice, without and with ``--amp`` (fp16 autocast on CUDA, bf16 on
    the CPU): PaCa-Tiny, PaCa-Small, PVTv2-B2 and Swin-T; forward, forward+backward and peak
    forward memory (``torch.cuda.max_memory_allocated`` on CUDA) at 512² and 800×1280.
-2. ``tools/train.py demo/configs/pacahead_tiny_synthetic_seg.py --amp`` for a few iterations
+2. ``dev/zoo_benchmark.py`` without and with ``--amp``: the whole models of the
+   speed-accuracy chart (segmentors image -> logits at 512², Mask R-CNN backbone + neck and
+   predict at 800x1344; eager and ``torch.compile`` in fp32, eager with AMP), with peak
+   memory; its JSON files (``OUT/zoo_fp32.json``, ``OUT/zoo_amp.json``) feed
+   ``dev/zoo_chart.py`` as the CPU ones do.
+3. ``tools/train.py demo/configs/pacahead_tiny_synthetic_seg.py --amp`` for a few iterations
    on freshly generated synthetic data.
-3. ``OUT/gpu_check.md``: one Markdown table of both benchmark runs side by side, the training
-   figures (loss, time per iteration, memory), and the versions and device they ran on.
+4. ``OUT/gpu_check.md``: one Markdown table of both benchmark runs side by side, the
+   whole-model tables, the training figures (loss, time per iteration, memory), and the
+   versions and device they ran on.
 
 ``--device cpu`` is the dry run that CI does (PaCa-Tiny and PVTv2-B2 only, 64² inputs, one
-repetition, no warm-up, one training iteration), so the whole path is known to work before
-it meets a GPU. The command exits non-zero if any step fails or the training loss is not
+repetition, no warm-up, one training iteration; the whole-model benchmark on PaCa-T with the
+PaCa head and PaCa-T Mask R-CNN, eager, without memory runs), so the whole path is known to
+work before it meets a GPU. The command exits non-zero if any step fails or the training loss is not
 finite.
 """
 import argparse
@@ -30,13 +37,24 @@ import torch
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 SEG_CONFIG = 'demo/configs/pacahead_tiny_synthetic_seg.py'
 # per device: benchmark models, sizes, repeats, warm-up runs; training iterations, images per
-# split. The dry run keeps one PaCa model and the reference (each model's memory is measured
-# in its own process, and those processes dominate the dry run's time).
+# split; whole-model benchmark configs ([]: its default zoo), engines in fp32 and with AMP,
+# rounds, extra arguments. The dry run keeps one PaCa model and the reference (each model's
+# memory is measured in its own process, and those processes dominate the dry run's time).
 PLANS = {
     'cuda': dict(models=['paca_tiny', 'paca_small', 'pvt_v2_b2', 'swin_t'],
-                 sizes=['512', '800x1280'], repeats=20, warmup=5, iters=30, images=(64, 8)),
+                 sizes=['512', '800x1280'], repeats=20, warmup=5, iters=30, images=(64, 8),
+                 zoo=dict(configs=[], engines=(['eager', 'compile'], ['eager']), rounds=10,
+                          extra=[])),
     'cpu': dict(models=['paca_tiny', 'pvt_v2_b2'], sizes=['64'], repeats=1, warmup=0, iters=1,
-                images=(4, 1)),
+                images=(4, 1),
+                zoo=dict(configs=[
+                    'configs/paca_head/pacahead_pacavit_tiny_p2cconv_100_0_512x512_160k_'
+                    'ade20k.py',
+                    'configs/mask_rcnn/mask_rcnn_pacavit_tiny_p2cconv_100_0_mstrain_480_800_1x_'
+                    'coco.py'],
+                    engines=(['eager'], ['eager']), rounds=1,
+                    extra=['--size', '64x64', '--warmup', '0', '--settle', '0',
+                           '--skip-memory'])),
 }
 
 
@@ -68,6 +86,20 @@ def benchmark(device, plan, out, amp):
     seconds = run_step(f'benchmark ({tag})', cmd, osp.join(out, f'benchmark_{tag}.log'))
     with open(osp.join(bench_out, 'benchmark.csv'), newline='') as f:
         return list(csv.DictReader(f)), seconds
+
+
+def zoo(device, plan, out, amp):
+    """dev/zoo_benchmark.py's JSON for one precision, and the seconds it took."""
+    tag = 'amp' if amp else 'fp32'
+    z = plan['zoo']
+    path = osp.join(out, f'zoo_{tag}.json')
+    cmd = [sys.executable, 'dev/zoo_benchmark.py', *z['configs'], '--device', device,
+           '--engine', *z['engines'][amp], '--rounds', str(z['rounds']), *z['extra'],
+           '--out', path] + (['--amp'] if amp else [])
+    seconds = run_step(f'whole models ({tag})', cmd, osp.join(out, f'zoo_{tag}.log'))
+    with open(path) as f:
+        data = json.load(f)
+    return data, seconds
 
 
 def train(plan, out):
@@ -109,7 +141,7 @@ def _cell(value, digits=1):
     return '–' if value is None else f'{value:.{digits}f}'
 
 
-def report(device, plan, fp32, amp, records, seconds):
+def report(device, plan, fp32, amp, records, seconds, zoos):
     """The Markdown report: environment, benchmark table (fp32 | AMP), training table."""
     import mmcv
     import mmdet
@@ -125,7 +157,8 @@ def report(device, plan, fp32, amp, records, seconds):
         f'Device: {dev}; Python {platform.python_version()}, torch {torch.__version__}, '
         f'mmcv {mmcv.__version__}, mmengine {mmengine.__version__}, mmdet {mmdet.__version__}, '
         f'mmseg {mmseg.__version__}. Steps: benchmark fp32 {seconds["fp32"]:.0f} s, '
-        f'AMP {seconds["amp"]:.0f} s, training {seconds["train"]:.0f} s.', '',
+        f'AMP {seconds["amp"]:.0f} s, whole models fp32 {seconds["zoo_fp32"]:.0f} s, AMP '
+        f'{seconds["zoo_amp"]:.0f} s, training {seconds["train"]:.0f} s.', '',
         f'## Backbones (dev/benchmark.py, batch 1, median of {plan["repeats"]} runs after '
         f'{plan["warmup"]} warm-up; AMP = {amp_kind} autocast; memory: peak of one inference '
         'forward and of one training step)',
@@ -144,6 +177,11 @@ def report(device, plan, fp32, amp, records, seconds):
             f'| {_cell(_num(r, "fwd_bwd_ms"))} | {_cell(_num(a, "fwd_bwd_ms"))} '
             f'| {_cell(_num(r, "mem_mb"))} | {_cell(_num(a, "mem_mb"))} '
             f'| {_cell(_num(r, "train_mem_mb"))} | {_cell(_num(a, "train_mem_mb"))} |')
+    sys.path.insert(0, osp.join(ROOT, 'dev'))
+    import zoo_chart
+    for tag, data in zoos.items():
+        lines += ['', f'## Whole models, {tag} (dev/zoo_benchmark.py; accuracies: published)',
+                  '', zoo_chart.markdown(data['records'], [data['settings']])]
     times = [r['time'] for r in records[1:]] or [records[0]['time']]
     memory = max((r['memory'] for r in records if 'memory' in r), default=None)
     lines += [
@@ -168,9 +206,12 @@ def main(argv=None):
     os.makedirs(out, exist_ok=True)
     fp32, t_fp32 = benchmark(args.device, plan, out, amp=False)
     amp, t_amp = benchmark(args.device, plan, out, amp=True)
+    zoo_fp32, t_zoo_fp32 = zoo(args.device, plan, out, amp=False)
+    zoo_amp, t_zoo_amp = zoo(args.device, plan, out, amp=True)
     records, t_train = train(plan, out)
     text = report(args.device, plan, fp32, amp, records,
-                  dict(fp32=t_fp32, amp=t_amp, train=t_train))
+                  dict(fp32=t_fp32, amp=t_amp, train=t_train, zoo_fp32=t_zoo_fp32,
+                       zoo_amp=t_zoo_amp), dict(fp32=zoo_fp32, AMP=zoo_amp))
     path = osp.join(out, 'gpu_check.md')
     with open(path + '.tmp', 'w') as f:
         f.write(text)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The prepared GPU check: dev/benchmark.py (PaCa-T/S vs PVTv2-B2 and Swin-T, with and
-# without AMP: forward, forward+backward, peak forward memory at 512^2 and 800x1280) and a few
-# AMP training iterations of demo/configs/pacahead_tiny_synthetic_seg.py through
-# tools/train.py, summarised in one Markdown table (dev/gpu_check.py does the runs).
+# without AMP: forward, forward+backward, peak forward memory at 512^2 and 800x1280), the
+# whole-model benchmark dev/zoo_benchmark.py (fp32 and AMP) and a few AMP training iterations
+# of demo/configs/pacahead_tiny_synthetic_seg.py through tools/train.py, summarised in one Markdown table (dev/gpu_check.py does the runs).
 #
 #   dev/gpu_check.sh [--device cuda|cpu] [--out DIR] [--wheels DIR]
 #       Run the check (default: --device cuda --out work_dirs/gpu_check). --device cpu is the

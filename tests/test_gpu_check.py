@@ -2,6 +2,7 @@
 benchmark runs, the AMP training through tools/train.py, the Markdown report) runs here, so
 it is known to work before it first meets a GPU."""
 import csv
+import json
 import os
 import os.path as osp
 import re
@@ -49,6 +50,13 @@ def test_dry_run_writes_the_report(tmp_path):
                     amp[model]['fwd_bwd_ms'], fp32[model]['mem_mb'], amp[model]['mem_mb'],
                     fp32[model]['train_mem_mb'], amp[model]['train_mem_mb']]
         assert cells == [f'{float(v):.1f}' for v in expected], (cells, expected)
+    # the whole-model benchmark ran in both precisions, its tables are in the report
+    for tag in ('fp32', 'amp'):
+        zoo = json.loads((tmp_path / f'zoo_{tag}.json').read_text())
+        assert [r['task'] for r in zoo['records']] == ['seg', 'det'] and zoo['settings'][
+            'amp'] == (tag == 'amp')
+        assert zoo['records'][0]['ms']['logits']['eager'] > 0
+    assert '## Whole models, fp32' in report and '## Whole models, AMP' in report
     train = re.search(r'^\| 1 \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| – \|$', report, re.M)
     assert train, report  # one iteration, finite loss, a time; no CUDA memory on the CPU
     assert float(train.group(1)) > 0
