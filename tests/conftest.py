@@ -179,3 +179,17 @@ def demo_cls(tmp_path_factory):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return dict(work_dir=work_dir, checkpoint=os.path.join(work_dir, 'epoch_2.pth'),
                 options=opts, cwd=str(tmp), output=proc.stdout + proc.stderr)
+
+
+@pytest.fixture(scope='session')
+def gpu_check_dry_run(tmp_path_factory):
+    """``dev/gpu_check.sh --device cpu`` (the GPU check's dry run: dev/benchmark.py on
+    PaCa-Tiny and PVTv2-B2 at 64², fp32 and AMP, the whole-model benchmark, one AMP training
+    iteration): dict(proc, out (its output folder)). Its benchmark runs also serve the
+    benchmark tool's table tests."""
+    import subprocess
+    out = tmp_path_factory.mktemp('gpu_check')
+    proc = subprocess.run(['bash', os.path.join(ROOT, 'dev', 'gpu_check.sh'), '--device', 'cpu',
+                           '--out', str(out)], cwd=ROOT, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHON=sys.executable))
+    return dict(proc=proc, out=out)

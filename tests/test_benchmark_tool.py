@@ -23,8 +23,18 @@ def _run(tmp_path, *extra, models=('paca_tiny',)):
     return proc, rows, (tmp_path / 'benchmark.md').read_text()
 
 
-def test_benchmark_table(tmp_path):
-    proc, rows, md = _run(tmp_path)
+def _dry_run(gpu_check_dry_run, tag):
+    """The benchmark table of the GPU check's dry run (``dev/benchmark.py`` on PaCa-Tiny
+    and the reference model at 64x64, one repetition): (rows, Markdown)."""
+    proc, folder = gpu_check_dry_run['proc'], gpu_check_dry_run['out'] / f'benchmark_{tag}'
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(folder / 'benchmark.csv') as f:
+        return list(csv.DictReader(f)), (folder / 'benchmark.md').read_text()
+
+
+@pytest.mark.slow
+def test_benchmark_table(gpu_check_dry_run):
+    rows, md = _dry_run(gpu_check_dry_run, 'fp32')
     # the reference model is added, every model has a row, ratios are to it
     assert [r['model'] for r in rows] == ['paca_tiny', 'pvt_v2_b2']
     ref = rows[-1]
@@ -52,7 +62,7 @@ def test_benchmark_table(tmp_path):
     assert float(cells[-2]) == pytest.approx(
         float(paca['train_mem_mb']) / float(peer['train_mem_mb']), abs=0.006)
     assert cells[-1] == '–'
-    assert (tmp_path / 'benchmark.png').stat().st_size > 0
+    assert (gpu_check_dry_run['out'] / 'benchmark_fp32' / 'benchmark.png').stat().st_size > 0
 
 
 def test_benchmark_engines(tmp_path):
@@ -121,9 +131,10 @@ def test_benchmark_bad_device(tmp_path):
     assert proc.returncode == 2 and 'is not a torch device' in proc.stderr
 
 
-def test_benchmark_amp_on_cpu(tmp_path):
+@pytest.mark.slow
+def test_benchmark_amp_on_cpu(gpu_check_dry_run):
     """--amp (bf16 autocast on the CPU) runs forward and forward + backward for every model."""
-    proc, rows, md = _run(tmp_path, '--amp', '--skip-memory')
+    rows, md = _dry_run(gpu_check_dry_run, 'amp')
     assert 'amp=True' in md
     for r in rows:
         assert float(r['fwd_ms_eager']) > 0 and float(r['fwd_bwd_ms']) > 0

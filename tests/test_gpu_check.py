@@ -26,8 +26,8 @@ def _csv(path):
 
 
 @pytest.mark.slow
-def test_dry_run_writes_the_report(tmp_path):
-    res = _run('--device', 'cpu', '--out', str(tmp_path))
+def test_dry_run_writes_the_report(gpu_check_dry_run):
+    res, tmp_path = gpu_check_dry_run['proc'], gpu_check_dry_run['out']
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     report = (tmp_path / 'gpu_check.md').read_text()
     assert 'dry run' in report
