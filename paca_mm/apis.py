@@ -10,7 +10,7 @@ table: :func:`resolve_model` gives (config, weights) for their inferencers.
 import difflib
 import os.path as osp
 import warnings
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import yaml
 
@@ -36,13 +36,19 @@ def _load_yaml(path: str):
         return yaml.safe_load(f)
 
 
+def zoo_models(root: str) -> List[dict]:
+    """Every model entry of the metafiles that ``<root>/model-index.yml`` imports, in its
+    order."""
+    return [m for metafile in _load_yaml(osp.join(root, 'model-index.yml'))['Import']
+            for m in _load_yaml(osp.join(root, metafile))['Models']]
+
+
 def resolve_model(name: str) -> Tuple[str, Optional[str]]:
     """(config path, weights URL or None if none was released) of a model of the metafiles,
     e.g. ``DetInferencer(*resolve_model(name))``; an unknown name raises ``ValueError``
     listing the closest names."""
     root = zoo_root()
-    models = {m['Name']: m for metafile in _load_yaml(osp.join(root, 'model-index.yml'))['Import']
-              for m in _load_yaml(osp.join(root, metafile))['Models']}
+    models = {m['Name']: m for m in zoo_models(root)}
     if name not in models:
         close = difflib.get_close_matches(name, list(models), n=5, cutoff=0.5)
         raise ValueError(f'unknown PaCa-ViT model {name!r}; closest names: {close or "none"} '

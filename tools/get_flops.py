@@ -191,15 +191,8 @@ def zoo_root() -> str:
 def paper_models(task: str) -> List[Dict]:
     """The model-index entries whose results are for ``task`` and whose metadata hold the
     paper's numbers (``Paper FLOPs (G)``, see the metafiles), in model-index order."""
-    import yaml
-    root = zoo_root()
-    with open(osp.join(root, 'model-index.yml')) as f:
-        metafiles = yaml.safe_load(f)['Import']
-    models = []
-    for path in metafiles:
-        with open(osp.join(root, path)) as f:
-            models += yaml.safe_load(f)['Models']
-    return [m for m in models if 'Paper FLOPs (G)' in m['Metadata']
+    from paca_mm.apis import zoo_models
+    return [m for m in zoo_models(zoo_root()) if 'Paper FLOPs (G)' in m['Metadata']
             and any(r['Task'] == task for r in m.get('Results', []))]
 
 
