@@ -213,9 +213,8 @@ def main(argv=None):
                   dict(fp32=t_fp32, amp=t_amp, train=t_train, zoo_fp32=t_zoo_fp32,
                        zoo_amp=t_zoo_amp), dict(fp32=zoo_fp32, AMP=zoo_amp))
     path = osp.join(out, 'gpu_check.md')
-    with open(path + '.tmp', 'w') as f:
-        f.write(text)
-    os.replace(path + '.tmp', path)
+    from paca_mm.fileio import atomic_write
+    atomic_write(text, path)
     print(text)
     print(f'[gpu_check] report: {path}')
 

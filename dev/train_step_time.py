@@ -116,10 +116,9 @@ def main(argv=None):
              f'{medians["compiled"]:.3f} | {medians["compiled"] / medians["eager"]:.2f} |\n')
     print(table)
     out = osp.join(args.work_dir, 'train_step_time.md')
-    with open(out + '.tmp', 'w') as f:
-        f.write(f'backend {args.backend}, {args.threads} threads, median of iterations '
-                f'{args.skip + 1}-{args.iters}\n\n' + table)
-    os.replace(out + '.tmp', out)
+    from paca_mm.fileio import atomic_write
+    atomic_write(f'backend {args.backend}, {args.threads} threads, median of iterations '
+                 f'{args.skip + 1}-{args.iters}\n\n' + table, out)
     return medians
 
 

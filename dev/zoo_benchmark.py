@@ -34,6 +34,7 @@ Example::
 import argparse
 import csv
 import importlib.util
+import io
 import json
 import os
 import os.path as osp
@@ -402,11 +403,11 @@ def write(records, args):
                  **{f'ms_{p}_{e}': r['ms'].get(p, {}).get(e) for p, e in parts})
             for r in records]
     csv_path = osp.splitext(args.out)[0] + '.csv'
-    with open(csv_path + '.tmp', 'w', newline='') as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(csv_path + '.tmp', csv_path)
+    table = io.StringIO(newline='')
+    writer = csv.DictWriter(table, fieldnames=fields)
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write(table.getvalue(), csv_path)
 
 
 def size_arg(s):
