@@ -30,8 +30,7 @@ def find_backbone(model: nn.Module) -> nn.Module:
 
 @contextlib.contextmanager
 def recording(backbone: nn.Module, model: Optional[nn.Module] = None):
-    """Context: ``backbone.record_clusters = True`` and ``model`` (default: the backbone) in
-    eval mode; both restored afterwards."""
+    """Sets ``backbone.record_clusters`` and ``model`` (default: backbone) eval; undone after."""
     model = backbone if model is None else model
     old_record, was_training = backbone.record_clusters, model.training
     backbone.record_clusters = True

@@ -38,8 +38,7 @@ def overlay_heatmap(image: np.ndarray, heat: np.ndarray, alpha: float = 0.5,
 
 def put_label(img: np.ndarray, text: str, scale: Optional[float] = None,
               colour=(255, 255, 255), bg=(0, 0, 0), bottom: bool = False) -> np.ndarray:
-    """Write ``text`` on a filled bar at the top-left (or bottom-left) of ``img`` (in place;
-    returned)."""
+    """Write ``text`` on a filled bar at the top (or bottom) left of ``img``, in place."""
     import cv2
     scale = scale or max(0.3, min(img.shape[:2]) / 320)
     thick = 1 if scale < 0.8 else 2
