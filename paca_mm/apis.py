@@ -1,10 +1,8 @@
 """Models by name: the metafiles' models in the toolboxes' own APIs.
 
 ``import paca_mm`` lists the ImageNet models in mmpretrain's ``ModelHub`` (``list_models``,
-``get_model(name, pretrained=True)``, ``ImageClassificationInferencer(name)``,
-``FeatureExtractor(name)``) and gives mmengine's ``CheckpointLoader`` a scheme for their
-official timm-layout release URLs (:func:`load_imagenet_release`: weights-only, converted to
-the classifier layout). mmdet / mmseg resolve names only from mmengine's fixed package
+``get_model(name, pretrained=True)``, its inferencers), their release URLs loading through
+:func:`load_imagenet_release`. mmdet / mmseg resolve names only from mmengine's fixed package
 table: :func:`resolve_model` gives (config, weights) for their inferencers.
 """
 import difflib

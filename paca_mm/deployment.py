@@ -1,20 +1,12 @@
 """ONNX export of PaCa models and its check on ONNX Runtime.
 
-Three kinds of graph, each taking the image as loaded (float32, ``(N, 3, H, W)``, 0-255, in
-the channel order of the dataset pipeline: BGR for mmcv's ``LoadImageFromFile``) with H, W
-and N dynamic; the data preprocessor's channel flip and mean/std normalisation are part of
-the graph:
-
-* ``segmentor`` (mmseg): the segmentation logits at the input size, ``(N, K, H, W)``,
-  computed by mmseg's own ``encode_decode`` (so PaCaHead, UperNet, ...).
-* ``classifier`` (mmpretrain): the class scores ``(N, K)`` (softmax, as ``predict`` gives).
-* ``backbone``: the features of every output stage; for an mmdet detector, the backbone plus
-  the neck (FPN), i.e. ``extract_feat``. The RoI heads of Mask R-CNN are not exported: their
-  ONNX form needs mmdeploy's rewriters and its ONNX Runtime custom-op library (RoIAlign,
-  NMS), see ``docs/deployment.md``.
-
-``export_onnx`` writes the file atomically (:func:`paca_mm.fileio.atomic_path`);
-``check_onnx`` runs it on ONNX Runtime and compares with PyTorch.
+Every graph takes the image as loaded (float32 ``(N, 3, H, W)`` in 0-255, in the pipeline's
+channel order: BGR for mmcv's ``LoadImageFromFile``), N, H and W dynamic, and applies the data
+preprocessor's channel flip and mean/std itself. Kinds: ``segmentor`` (mmseg's
+``encode_decode`` logits ``(N, K, H, W)``), ``classifier`` (softmax scores ``(N, K)``) and
+``backbone`` (the features of every output stage; of an mmdet detector, ``extract_feat``:
+backbone + FPN). Mask R-CNN's RoI heads are not exported: they need mmdeploy's rewriters and
+its ONNX Runtime custom ops (RoIAlign, NMS), see ``docs/deployment.md``.
 """
 import copy
 from typing import Dict, List, Sequence, Tuple
@@ -32,8 +24,7 @@ KINDS = ('backbone', 'segmentor', 'classifier')
 
 
 class ExportModule(nn.Module):
-    """The graph of one export kind: the image as loaded ``(N, 3, H, W)`` -> segmentor logits
-    ``(N, K, H, W)``, classifier scores ``(N, K)`` or a tuple of backbone(+neck) features."""
+    """The graph of one export kind (see the module docstring)."""
 
     def __init__(self, model: nn.Module, kind: str):
         super().__init__()
@@ -136,21 +127,18 @@ def export_onnx(model: nn.Module, out_file: str, kind: str, shape: Sequence[int]
     """Export ``model`` as ``kind`` to ``out_file`` (written atomically), with dynamic batch
     and, unless ``dynamic_hw=False``, dynamic height and width; ``shape`` (H, W) is the size
     of the example input (the only size a static export accepts). Returns the output names."""
-    module = export_module(model, kind)
+    module = export_module(model if dynamic_hw else _with_fixed_size_pools(model), kind)
     pools = _fixed_grid_pools(model) if dynamic_hw else []
     if pools:
         raise ValueError(
             'cannot export with dynamic H and W: adaptive pooling to a fixed grid has no ONNX '
             f'form for an unknown input size, in {", ".join(pools)}. Export at one size '
             '(dynamic_hw=False; --static-hw --shape H W in tools/deployment/pytorch2onnx.py)')
-    if not dynamic_hw:
-        module = export_module(_with_fixed_size_pools(model), kind)
     example = torch.rand(batch, 3, int(shape[0]), int(shape[1])) * 255
     with torch.no_grad():
         outs = module(example)
-    n_out = len(outs) if isinstance(outs, tuple) else 1
-    names = ['logits' if kind == 'segmentor' else 'scores'] if n_out == 1 and kind != 'backbone' \
-        else [f'feat{i}' for i in range(n_out)]
+    names = {'segmentor': ['logits'], 'classifier': ['scores']}.get(kind) or \
+        [f'feat{i}' for i in range(len(outs))]
     dynamic: Dict[str, Dict[int, str]] = {
         'img': {0: 'batch', 2: 'height', 3: 'width'} if dynamic_hw else {0: 'batch'}}
     for name in names:

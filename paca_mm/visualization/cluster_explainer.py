@@ -1,19 +1,9 @@
 """The PaCa forward explainer (paper Sec. 3.3, Figs. 6 and 9-10).
 
-A PaCa stage assigns its N = H_i x W_i patches to M clusters; the pre-softmax assignment
-logits (B, M, H_i, W_i) are kept by ``PaCaViT`` when ``record_clusters = True``. Here:
-
-* :func:`stage_cluster_logits` - one forward pass, the logits of one stage (1-based index);
-* :func:`cluster_heatmaps` - sigmoid of the logits, the M heatmaps ``H^m`` of the paper;
-* :func:`cluster_masks` - Eqn. 7, ``H^m > mean(H^m)`` per cluster, nearest-upsampled to the
-  image size;
-* :func:`analyze_cluster_groups` - Eqn. 8 and the positive/negative split: every masked image
-  ``I * M^m`` is re-classified; clusters whose masked image still predicts the label form the
-  positive group, the others the negative group, each ranked by the probability of the label.
-
-Images are handled as raw pixels, (3, H, W) BGR in [0, 255] as the toolboxes' packers
-produce them; masking is applied to the raw pixels (masked-out pixels are black) and the
-model's own ``data_preprocessor`` mean/std/channel order is applied afterwards.
+A PaCa stage assigns its N = H_i x W_i patches to M clusters; ``PaCaViT`` keeps the
+pre-softmax assignment logits (B, M, H_i, W_i) when ``record_clusters = True``. Images are
+raw pixels, (3, H, W) BGR in [0, 255] as the toolboxes' packers produce them: masks apply to
+them (masked-out pixels are black), the model's ``data_preprocessor`` afterwards.
 """
 import contextlib
 from dataclasses import dataclass, field
@@ -40,8 +30,7 @@ def find_backbone(model: nn.Module) -> nn.Module:
 
 @contextlib.contextmanager
 def recording(backbone: nn.Module, model: Optional[nn.Module] = None):
-    """Context: ``backbone.record_clusters = True`` and ``model`` (default: the backbone) in
-    eval mode; both restored afterwards."""
+    """Sets ``backbone.record_clusters`` and ``model`` (default: backbone) eval; undone after."""
     model = backbone if model is None else model
     old_record, was_training = backbone.record_clusters, model.training
     backbone.record_clusters = True
@@ -67,14 +56,8 @@ def check_stage(backbone: nn.Module, stage: int) -> int:
 
 @torch.no_grad()
 def stage_cluster_logits(model: nn.Module, raw: torch.Tensor, stage: int = 3) -> torch.Tensor:
-    """Pre-softmax cluster assignment logits of one stage, from one backbone forward pass.
-
-    Args:
-        model: a classifier/detector/segmentor with a PaCaViT ``backbone`` (or the backbone).
-        raw: (3, H, W) or (B, 3, H, W) raw BGR pixels in [0, 255].
-        stage: 1-based stage index.
-    Returns (B, M, H_s, W_s) float32 logits.
-    """
+    """(B, M, H_s, W_s) float32 pre-softmax cluster assignment logits of one (1-based) stage
+    from one backbone forward pass of (3, H, W) or (B, 3, H, W) raw pixels."""
     backbone = find_backbone(model)
     s = check_stage(backbone, stage)
     raw = raw[None] if raw.dim() == 3 else raw
@@ -85,18 +68,13 @@ def stage_cluster_logits(model: nn.Module, raw: torch.Tensor, stage: int = 3) ->
 
 
 def cluster_heatmaps(logits: torch.Tensor) -> torch.Tensor:
-    """Sigmoid heatmaps ``H^m`` of (B, M, h, w) or (M, h, w) logits (same shape, in (0, 1))."""
+    """The paper's heatmaps ``H^m``: sigmoid of (B, M, h, w) or (M, h, w) logits."""
     return torch.sigmoid(logits.float())
 
 
 def cluster_masks(logits: torch.Tensor, size=None) -> torch.Tensor:
-    """Eqn. 7: binary masks ``sigmoid(logits) > mean`` per cluster, optionally upsampled.
-
-    Args:
-        logits: (B, M, h, w) or (M, h, w) pre-softmax assignment logits.
-        size: (H, W) to upsample to with nearest interpolation (the image size), or None.
-    Returns a bool tensor (..., M, H, W).
-    """
+    """Eqn. 7: bool masks ``H^m > mean(H^m)`` of (B, M, h, w) or (M, h, w) logits, nearest-
+    upsampled to ``size`` (H, W) unless it is None."""
     squeeze = logits.dim() == 3
     heat = cluster_heatmaps(logits[None] if squeeze else logits)
     if heat.dim() != 4:
@@ -125,16 +103,9 @@ def classify(model: nn.Module, raw: torch.Tensor, batch_size: int = 16) -> torch
 
 @dataclass
 class ClusterGroups:
-    """Result of :func:`analyze_cluster_groups` (one image, one stage).
-
-    Attributes:
-        stage: 1-based stage. label: the class used as ground truth. label_given: whether it
-        was given (else it is the unmasked prediction). base_prob / base_pred: P(label) and
-        the predicted class of the unmasked image. probs (M,): P(label) for each masked image.
-        preds (M,): predicted class of each masked image. positive / negative: cluster indices
-        with preds == label / != label, each sorted by probs (descending). logits (M, h, w):
-        pre-softmax assignment. masks (M, H, W) bool: the upsampled Eqn. 7 masks.
-    """
+    """Result of :func:`analyze_cluster_groups`. ``label`` is the ground truth (the unmasked
+    prediction unless ``label_given``); ``base_*`` are of the unmasked image; ``probs`` (M,)
+    is P(label) and ``preds`` (M,) the prediction of each masked image."""
     stage: int
     label: int
     label_given: bool
@@ -169,15 +140,10 @@ class ClusterGroups:
 def analyze_cluster_groups(model: nn.Module, raw: torch.Tensor, stage: int = 3,
                            label: Optional[int] = None, batch_size: int = 16,
                            class_names: Optional[List[str]] = None) -> ClusterGroups:
-    """Paper Sec. 3.3 on one image with a classifier.
-
-    Args:
-        model: mmpretrain ImageClassifier with a PaCaViT backbone (eval mode is used).
-        raw: (3, H, W) raw BGR pixels in [0, 255] at the network input size.
-        stage: 1-based stage whose clusters are analysed (the paper uses 3).
-        label: ground-truth class; None uses the unmasked prediction.
-        batch_size: masked images classified per forward pass.
-    """
+    """Eqn. 8 on one (3, H, W) raw image with a PaCaViT classifier: every masked image
+    ``I * M^m`` is re-classified; clusters whose masked image still predicts ``label`` (None:
+    the unmasked prediction) form the positive group, the others the negative group, each
+    ranked by P(label)."""
     if raw.dim() != 3 or raw.shape[0] != 3:
         raise ValueError(f'expected one (3, H, W) raw image, got shape {tuple(raw.shape)}')
     backbone = find_backbone(model)

@@ -1,8 +1,5 @@
-"""Rendering of cluster heatmaps and of the positive/negative group figure (numpy + cv2).
-
-All images here are (H, W, 3) uint8 **BGR** numpy arrays (cv2 convention); use
-``img[..., ::-1]`` for RGB consumers (mmengine visualizer backends).
-"""
+"""Rendering of cluster heatmaps and of the positive/negative group figure. All images here
+are (H, W, 3) uint8 **BGR** numpy arrays (cv2 convention; ``img[..., ::-1]`` for RGB)."""
 import os.path as osp
 from typing import Optional, Sequence
 
@@ -41,8 +38,7 @@ def overlay_heatmap(image: np.ndarray, heat: np.ndarray, alpha: float = 0.5,
 
 def put_label(img: np.ndarray, text: str, scale: Optional[float] = None,
               colour=(255, 255, 255), bg=(0, 0, 0), bottom: bool = False) -> np.ndarray:
-    """Write ``text`` on a filled bar at the top-left (or bottom-left) of ``img`` (in place;
-    returned)."""
+    """Write ``text`` on a filled bar at the top (or bottom) left of ``img``, in place."""
     import cv2
     scale = scale or max(0.3, min(img.shape[:2]) / 320)
     thick = 1 if scale < 0.8 else 2
@@ -83,13 +79,8 @@ def make_grid(tiles: Sequence[np.ndarray], ncols: int, pad: int = 2,
 
 def heatmap_grid(image: np.ndarray, heatmaps, tile: int = 128, ncols: Optional[int] = None,
                  alpha: float = 0.5, normalize: bool = True) -> np.ndarray:
-    """The input image followed by one overlay per cluster, labelled ``#m``.
-
-    Args:
-        image: (H, W, 3) uint8 BGR. heatmaps: (M, h, w) sigmoid maps (tensor or array).
-        normalize: min-max normalise every map for display (the raw sigmoid values are
-            often in a narrow range).
-    """
+    """The image followed by an overlay (:func:`overlay_heatmap`) of each of the (M, h, w)
+    heatmaps (tensor or array), labelled ``#m``."""
     heatmaps = heatmaps.detach().float().cpu().numpy() if torch.is_tensor(heatmaps) \
         else np.asarray(heatmaps)
     tiles = [put_label(resize_tile(image, tile), 'input')]
@@ -100,9 +91,10 @@ def heatmap_grid(image: np.ndarray, heatmaps, tile: int = 128, ncols: Optional[i
     return make_grid(tiles, ncols)
 
 
-def _banner(text: str, width: int, height: int = 24) -> np.ndarray:
+def _caption(text: str, height: int, width: int, scale: Optional[float] = None) -> np.ndarray:
+    """Black ``text`` on a white (height, width) image."""
     img = np.full((height, width, 3), 255, np.uint8)
-    return put_label(img, text, scale=height / 40, colour=(0, 0, 0), bg=(255, 255, 255))
+    return put_label(img, text, scale, colour=(0, 0, 0), bg=(255, 255, 255))
 
 
 def _pad_width(img: np.ndarray, width: int) -> np.ndarray:
@@ -110,24 +102,20 @@ def _pad_width(img: np.ndarray, width: int) -> np.ndarray:
 
 
 def group_figure(image: np.ndarray, groups, topk: int = 5, tile: int = 160) -> np.ndarray:
-    """Figure like paper Fig. 6/9: the input, then the top-k masked images of the positive
-    and of the negative group, each tile showing the cluster id and P(ground truth).
-
-    Args:
-        image: (H, W, 3) uint8 BGR (the network input the masks refer to).
-        groups: a :class:`~paca_mm.visualization.ClusterGroups`.
-    """
+    """Figure like paper Fig. 6/9 of a :class:`~paca_mm.visualization.ClusterGroups` of
+    ``image``: the input, then the top-k masked images of the positive and of the negative
+    group, each tile showing the cluster id and P(ground truth)."""
     ncols = max(1, topk)
     width = ncols * (tile + 2) + 2
     gt = groups.class_name(groups.label)
     src = 'label' if groups.label_given else 'predicted'
     head = put_label(resize_tile(image, tile), f'input p={groups.base_prob:.2f}')
-    rows = [_banner(f'stage {groups.stage} | {src} class: {gt}', width),
+    rows = [_caption(f'stage {groups.stage} | {src} class: {gt}', 24, width, scale=0.6),
             _pad_width(make_grid([head], 1), width)]
     img = image.astype(np.float32)
     for title, members in (('positive', groups.positive), ('negative', groups.negative)):
-        rows.append(_banner(f'{title}: {len(members)} of {groups.probs.numel()} clusters',
-                            width))
+        rows.append(_caption(f'{title}: {len(members)} of {groups.probs.numel()} clusters',
+                             24, width, scale=0.6))
         tiles = []
         for m in members[:topk]:
             mask = groups.masks[m].cpu().numpy().astype(np.float32)[..., None]
@@ -136,10 +124,8 @@ def group_figure(image: np.ndarray, groups, topk: int = 5, tile: int = 160) -> n
             if title == 'negative':
                 put_label(t, f'pred: {groups.class_name(int(groups.preds[m]))}', bottom=True)
             tiles.append(t)
-        if not tiles:
-            tiles = [put_label(np.full((tile, tile, 3), 255, np.uint8), '(empty)',
-                               colour=(0, 0, 0), bg=(255, 255, 255))]
-        rows.append(_pad_width(make_grid(tiles, ncols), width))
+        rows.append(_pad_width(make_grid(tiles or [_caption('(empty)', tile, tile)], ncols),
+                               width))
     return np.concatenate(rows, axis=0)
 
 

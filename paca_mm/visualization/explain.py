@@ -17,23 +17,12 @@ def explain_image(model: nn.Module, raw: torch.Tensor, out_dir: str, stage: int 
                   groups: bool = False, topk: int = 5, label: Optional[int] = None,
                   tile: int = 128, per_cluster: bool = True, batch_size: int = 16,
                   class_names: Optional[List[str]] = None) -> Dict[str, object]:
-    """Heatmaps (and optionally the positive/negative group analysis) of one image.
-
-    Args:
-        model: classifier/detector/segmentor with a PaCaViT backbone, in eval mode.
-        raw: (3, H, W) raw BGR pixels at the network input size.
-        stage: 1-based stage. groups: run the Sec. 3.3 analysis (classifiers only).
-        topk: clusters shown per group. label: ground-truth class (None: the prediction).
-        per_cluster: also write one full-size overlay per cluster.
-    Writes into ``out_dir``::
-
-        stage{s}_heatmaps.png               input + M overlays (grid)
-        stage{s}_clusters/cluster_XXX.png   one overlay per cluster (per_cluster=True)
-        stage{s}_groups.png / .json         groups=True
-
-    Returns dict(heatmaps=path, clusters=[paths], groups=path, summary=path,
-    result=ClusterGroups or None, logits=(M, h, w) tensor).
-    """
+    """Write into ``out_dir`` the heatmaps of one (3, H, W) raw image at the network input
+    size, ``stage{s}_heatmaps.png`` (a grid), with ``per_cluster`` one
+    ``stage{s}_clusters/cluster_XXX.png`` per cluster, and with ``groups`` (classifiers only)
+    the positive/negative groups ``stage{s}_groups.png`` / ``.json`` (top ``topk`` each) of
+    ``label`` (None: the prediction). Returns the paths, ``result`` (ClusterGroups or None)
+    and ``logits`` (M, h, w)."""
     image = to_bgr_image(raw)
     logits = stage_cluster_logits(model, raw, stage)[0].cpu()  # (M, h, w)
     heat = cluster_heatmaps(logits)

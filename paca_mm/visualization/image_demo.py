@@ -1,13 +1,6 @@
-"""Single-image inference + drawing with the toolboxes' own APIs and visualizers.
-
-* mmdet: ``mmdet.apis.inference_detector`` + ``DetLocalVisualizer`` (boxes, masks);
-* mmseg: ``mmseg.apis.inference_model`` + ``SegLocalVisualizer`` (colourised map);
-* mmpretrain: the config's test pipeline + ``UniversalVisualizer.visualize_cls``.
-
-The model is built by :func:`paca_mm.visualization.inference.build_model` (config scope,
-Runner or official checkpoints, weights-only loading with an explicit opt-in for
-trusted files).
-"""
+"""Single-image inference + drawing with the toolboxes' own APIs and visualizers: mmdet's
+``inference_detector`` + ``DetLocalVisualizer``, mmseg's ``inference_model`` +
+``SegLocalVisualizer``, mmpretrain: the test pipeline + ``UniversalVisualizer``."""
 import itertools
 import os
 import os.path as osp
@@ -43,14 +36,10 @@ def _palette(n: int, seed: int = 0):
 def run_image_demo(config, checkpoint: Optional[str], image: str, out_file: str,
                    device: str = 'cpu', score_thr: float = 0.3, topk: int = 5,
                    cfg_options: Optional[dict] = None, trust: bool = False) -> dict:
-    """Predict on ``image`` and write the painted result to ``out_file`` (PNG/JPG; written
-    atomically by :func:`~paca_mm.visualization.drawing.save_image`).
-
+    """Predict on ``image`` and write the painted result to ``out_file`` (atomically).
     Returns dict(task='det'|'seg'|'cls', out_file=..., result=<DataSample or probs>), plus
-    ``top`` (list of (class, prob)) for classification and ``num_instances`` (above
-    ``score_thr``) for detection. ``trust``: unpickle a trusted checkpoint in full (see
-    :func:`paca_mm.checkpoint.load_checkpoint_file`).
-    """
+    ``top`` [(class, prob)] for classification and ``num_instances`` (above ``score_thr``)
+    for detection. ``trust``: see :func:`~paca_mm.visualization.inference.build_model`."""
     model = build_model(config, checkpoint, device, cfg_options, trust=trust)
     scope = get_scope(model.cfg)
     meta = dict(model.dataset_meta or {})

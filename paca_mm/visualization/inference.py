@@ -1,8 +1,5 @@
 """Config -> model (+ checkpoint), what kind of model it is, and image -> network-input
-pixels, for the tools, the cluster explainer and the ONNX export.
-
-Works for mmpretrain classifiers, mmdet detectors and mmseg segmentors: the toolbox is the
-config's ``default_scope``.
+pixels, for mmpretrain, mmdet and mmseg models (the toolbox is the config's ``default_scope``).
 """
 import copy
 import importlib
@@ -40,14 +37,9 @@ def model_kind(model: nn.Module) -> str:
 
 
 def normalize_inputs(model: nn.Module, raw: torch.Tensor) -> torch.Tensor:
-    """Apply the model's data_preprocessor channel order and mean/std to raw pixels.
-
-    Args:
-        raw: (B, 3, H, W) float, BGR in [0, 255] (as LoadImageFromFile + Pack* produce).
-    Returns (B, 3, H, W) normalised float input for ``model.backbone`` / ``model(...)``.
-    No padding is applied (PaCaViT accepts any size). Traceable: the ONNX export
-    (:mod:`paca_mm.deployment`) puts it into the graph.
-    """
+    """Apply the model's data_preprocessor channel order and mean/std (no padding) to raw
+    (B, 3, H, W) pixels, BGR in [0, 255] as LoadImageFromFile + Pack* produce them.
+    Traceable: the ONNX export (:mod:`paca_mm.deployment`) puts it into the graph."""
     if raw.dim() != 4:
         raise ValueError(f'expected (B, 3, H, W) raw images, got shape {tuple(raw.shape)}')
     dp = getattr(unwrap(model), 'data_preprocessor', None)
@@ -81,15 +73,9 @@ def strip_pretrained(model_cfg):
 
 def load_model_weights(model: nn.Module, checkpoint: str, scope: str,
                        trust: bool = False) -> dict:
-    """Load a full-model checkpoint (mmengine layout) or an official PaCa-ViT release.
-
-    Official ImageNet files (plain backbone keys + ``head.*``) are remapped with
-    :func:`paca_mm.checkpoint.convert_official_to_classifier` for classifiers; for detectors
-    and segmentors only their backbone part is loaded. The file is read weights-only plus
-    the Runner allow-list (:func:`paca_mm.checkpoint.load_checkpoint_file`): anything else
-    raises ``CheckpointError`` unless ``trust=True`` or ``PACA_MM_TRUST_CHECKPOINTS=1``.
-    Returns the checkpoint dict.
-    """
+    """Load a full-model checkpoint (mmengine layout) or an official PaCa-ViT release (remapped
+    for classifiers; only the backbone part for detectors and segmentors); returns the
+    checkpoint dict. ``trust``: see :func:`paca_mm.checkpoint.load_checkpoint_file`."""
     from mmengine.runner.checkpoint import load_state_dict
 
     from ..checkpoint import (convert_official_to_classifier, load_backbone_checkpoint,
@@ -103,12 +89,12 @@ def load_model_weights(model: nn.Module, checkpoint: str, scope: str,
                   'the rest of the model stays randomly initialised', logger='current',
                   level=30)
         load_backbone_checkpoint(model.backbone, ckpt, strict=True)
-        return ckpt if isinstance(ckpt, dict) else {}
-    sd = convert_official_to_classifier(sd) if official else sd
-    if not any(k in sd for k in model.state_dict()):
-        raise ValueError(f'checkpoint {checkpoint!r} shares no key with the model '
-                         f'{type(model).__name__}; first checkpoint keys: {list(sd)[:5]}')
-    load_state_dict(model, sd, strict=False, logger='current')
+    else:
+        sd = convert_official_to_classifier(sd) if official else sd
+        if not any(k in sd for k in model.state_dict()):
+            raise ValueError(f'checkpoint {checkpoint!r} shares no key with the model '
+                             f'{type(model).__name__}; first checkpoint keys: {list(sd)[:5]}')
+        load_state_dict(model, sd, strict=False, logger='current')
     return ckpt if isinstance(ckpt, dict) else {}
 
 
@@ -141,13 +127,9 @@ def _dataset_metainfo(cfg: Config) -> Optional[dict]:
 def build_model(config: Union[str, Config], checkpoint: Optional[str] = None,
                 device: str = 'cpu', cfg_options: Optional[dict] = None,
                 trust: bool = False) -> nn.Module:
-    """Build ``cfg.model`` in its toolbox scope, load ``checkpoint`` (or keep the random init
-    when it is None), move to ``device``, eval mode. ``trust``: see
-    :func:`load_model_weights`.
-
-    The returned model has ``.cfg`` (the Config) and ``.dataset_meta`` (classes, palette if
-    known: from the checkpoint meta, else from the config's dataset).
-    """
+    """``cfg.model`` built in its toolbox scope with ``checkpoint`` (None: random init) loaded,
+    on ``device``, in eval mode, with ``.cfg`` and ``.dataset_meta`` (from the checkpoint
+    meta, else the config's dataset). ``trust``: see :func:`load_model_weights`."""
     from mmengine.registry import MODELS, init_default_scope
     cfg = load_config(config, cfg_options)
     scope = get_scope(cfg)
@@ -166,7 +148,7 @@ def build_model(config: Union[str, Config], checkpoint: Optional[str] = None,
     if scope in ('mmdet', 'mmseg'):
         from mmengine.model import revert_sync_batchnorm
         model = revert_sync_batchnorm(model)
-    meta = (ckpt.get('meta') or {}).get('dataset_meta') if isinstance(ckpt, dict) else None
+    meta = (ckpt.get('meta') or {}).get('dataset_meta')
     model.dataset_meta = dict(meta) if meta else (_dataset_metainfo(cfg) or {})
     model.cfg = cfg
     return model.to(device).eval()
@@ -174,12 +156,9 @@ def build_model(config: Union[str, Config], checkpoint: Optional[str] = None,
 
 def load_image(cfg: Config, image: Union[str, np.ndarray],
                size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
-    """Image file (or (H, W, 3) uint8 BGR array) -> (3, H, W) float raw BGR network input.
-
-    With ``size=None`` the config's test pipeline resizes/crops it (annotation loading and
-    packing are skipped); with ``size=(H, W)`` it is just resized. No normalisation (see
-    :func:`~paca_mm.visualization.normalize_inputs`).
-    """
+    """Image file (or (H, W, 3) uint8 BGR array) -> (3, H, W) float raw BGR network input,
+    not normalised: resized/cropped by the config's test pipeline (less loading and packing),
+    or just resized to ``size`` (H, W)."""
     import cv2
     from mmengine.dataset import Compose
     from mmengine.registry import init_default_scope
