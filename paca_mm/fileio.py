@@ -1,10 +1,7 @@
-"""Atomic file writes: the one writer behind every file paca_mm writes.
-
-A file is written to a temporary file next to the target (``.<name>.tmp-<pid>-<8 hex>``),
-flushed and fsynced, then ``os.replace``-d onto the final name, and the folder is fsynced
-so the rename survives a crash. The target is therefore either its previous complete
-content (or absent) or the new complete content, never a partial file, even when the
-process is killed while writing.
+"""Atomic file writes: the one writer behind every file paca_mm writes. The data goes to a
+temporary file next to the target, is fsynced and ``os.replace``-d onto the final name, so
+the target holds its previous (or no) content or the new complete content, never a partial
+file, even when the process is killed while writing.
 """
 import contextlib
 import os

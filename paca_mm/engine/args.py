@@ -1,9 +1,6 @@
-"""The command-line semantics of ``tools/train.py`` and ``tools/test.py``.
-
-One set of tools serves the three toolboxes: the config's ``default_scope`` (``'mmseg'``,
-``'mmdet'`` or ``'mmpretrain'``) selects whose modules are registered and whose
-command-line semantics (``--out``, ``--show-dir``, ``--tta``) apply.
-"""
+"""The command-line semantics of ``tools/train.py`` and ``tools/test.py``: one set of tools
+serves the three toolboxes; the config's ``default_scope`` selects whose modules are
+registered and whose semantics (``--out``, ``--show-dir``, ``--tta``) apply."""
 import copy
 import importlib
 import os
@@ -15,6 +12,7 @@ from mmengine.config import Config, ConfigDict
 from ..checkpoint import TRUST_ENV
 from ..registry import register_toolbox_modules
 from .cpu import adapt_cfg_to_device, init_cpu_distributed
+
 
 def build_runner(cfg: Config):
     """Register the scope's modules, adapt ``cfg`` to the device, initialise CPU
@@ -118,11 +116,9 @@ def _as_list(evaluator: Any) -> list:
 def trigger_visualization(cfg: Config, scope: str, show: bool = False,
                           show_dir: Optional[str] = None, wait_time: float = 2.,
                           interval: Optional[int] = None) -> None:
-    """Turn on the config's visualization hook the way each toolbox's test.py does.
-
-    ``interval`` (draw every N-th batch) defaults to 1 for mmpretrain (its test.py) and to
-    the hook's own setting otherwise (SegVisualizationHook: 50).
-    """
+    """Turn on the config's visualization hook the way each toolbox's test.py does;
+    ``interval`` (draw every N-th batch) defaults to 1 for mmpretrain, else to the hook's
+    own setting (SegVisualizationHook: 50)."""
     hooks = cfg.get('default_hooks', {})
     if 'visualization' not in hooks:
         raise ValueError('--show/--show-dir need a `visualization` entry in default_hooks '

@@ -88,9 +88,7 @@ def checkpoint_problem(path: str) -> Optional[str]:
                 bad = archive.testzip()
         except Exception as e:  # BadZipFile, EOFError, OSError, struct.error ...
             return f'is truncated or corrupt ({size} bytes; {type(e).__name__}: {e})'
-        if bad is not None:
-            return f'is corrupt ({size} bytes; bad CRC in {bad})'
-        return None
+        return None if bad is None else f'is corrupt ({size} bytes; bad CRC in {bad})'
     try:
         load_checkpoint_file(path)
     except CheckpointError as e:

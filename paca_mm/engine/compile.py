@@ -22,14 +22,9 @@ def compile_backend(cfg: Config) -> Optional[str]:
 
 def compiled_adam_lr_zero(cfg: Config) -> Optional[str]:
     """A warning when the config trains with ``compile`` and an Adam-family optimizer while
-    a parameter scheduler takes the learning rate to 0 (``PolyLR``/``CosineAnnealingLR``
-    with ``eta_min`` 0, ``LinearLR`` with ``end_factor`` 0); else None.
-
-    mmengine compiles ``train_step``, optimizer step included, and torch's compiled Adam
+    a parameter scheduler takes the learning rate to 0; else None. torch's compiled Adam
     folds the step size into the denominator: at lr = 0 an element whose second moment is
-    0 gets 0 / -0 = NaN (pytorch/pytorch#126514; torch 2.14.1: NaN weights after PolyLR's
-    last iteration).
-    """
+    0 gets 0 / -0 = NaN (seen with torch 2.14.1 after PolyLR's last iteration)."""
     if compile_backend(cfg) is None:
         return None
     optim = (cfg.get('optim_wrapper') or {}).get('optimizer') or {}

@@ -20,12 +20,10 @@ SYNC_BN_TYPES = ('SyncBN', 'MMSyncBN', 'TorchSyncBN')
 
 
 class CPUAmpOptimWrapper(OptimWrapper):
-    """Mixed precision on CPU: the forward runs under ``torch.autocast('cpu', bfloat16)``.
-
-    ``AmpOptimWrapper`` asserts CUDA. bfloat16 has float32's exponent range, so no loss
-    scaling is needed: ``loss_scale`` is accepted (AmpOptimWrapper configs build unchanged)
-    and ignored, and a ``loss_scaler`` entry in a (GPU) checkpoint's optimizer state is
-    dropped. ``dtype``: bfloat16 (or None); CPU autocast in mmengine supports nothing else.
+    """Mixed precision on CPU (``AmpOptimWrapper`` asserts CUDA): the forward runs under
+    ``torch.autocast('cpu', bfloat16)``. bfloat16 has float32's exponent range, so
+    ``loss_scale`` is accepted (AmpOptimWrapper configs build unchanged) and ignored, and a
+    (GPU) checkpoint's ``loss_scaler`` state is dropped. ``dtype``: bfloat16 (or None).
     """
 
     def __init__(self, loss_scale: Union[str, float, dict] = 'dynamic',
@@ -52,13 +50,9 @@ class CPUAmpOptimWrapper(OptimWrapper):
 
 
 class CPUDistributedDataParallel(MMDistributedDataParallel):
-    """``MMDistributedDataParallel`` for CPU (gloo) processes.
-
-    The Runner passes ``device_ids=[LOCAL_RANK]``, which DDP rejects for CPU modules, and
-    DDP refuses SyncBatchNorm on CPU. This wrapper drops ``device_ids``/``output_device``
-    and reverts SyncBN layers (also ones a model creates in code, not via ``norm_cfg``)
-    to BN before wrapping; gradients are still all-reduced over the process group.
-    """
+    """``MMDistributedDataParallel`` for CPU (gloo) processes: drops the ``device_ids`` the
+    Runner passes (DDP rejects them for CPU modules) and reverts SyncBN layers, also ones a
+    model builds in code, to BN (DDP refuses SyncBN on CPU)."""
 
     def __init__(self, module: nn.Module, **kwargs):
         kwargs.pop('device_ids', None)
