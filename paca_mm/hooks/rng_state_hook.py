@@ -4,7 +4,8 @@ mmengine checkpoints hold no RNG state, so a resumed run re-seeds and draws othe
 drop-path masks. :class:`RNGStateHook` (added by ``tools/train.py``) saves the torch (and
 CUDA) RNG states in ``checkpoint['meta']['rng_state']`` and restores them in
 ``before_train`` of a resumed run (not for ``load_from``). Validation runs between RNG
-snapshots: a validation DataLoader draws its base seed from the torch RNG.
+snapshots, so it leaves the training stream unchanged (a validation DataLoader draws its
+base seed from the torch RNG).
 
 numpy / python ``random`` are deliberately not restored: iteration-based loops replay the
 data pipeline of the skipped iterations on resume, which reproduces the augmentation from
