@@ -1,10 +1,7 @@
-"""Atomic file writes: the one writer behind every file paca_mm writes.
-
-A file is written to a temporary file next to the target (``.<name>.tmp-<pid>-<8 hex>``),
-flushed and fsynced, then ``os.replace``-d onto the final name, and the folder is fsynced
-so the rename survives a crash. The target is therefore either its previous complete
-content (or absent) or the new complete content, never a partial file, even when the
-process is killed while writing.
+"""Atomic file writes: the one writer behind every file paca_mm writes. The data goes to a
+temporary file next to the target, is fsynced and ``os.replace``-d onto the final name, so
+the target holds its previous (or no) content or the new complete content, never a partial
+file, even when the process is killed while writing.
 """
 import contextlib
 import os
@@ -18,14 +15,12 @@ from typing import Iterator, List, Union
 _TMP_NAME = re.compile(r'^\.(?P<name>.+)\.tmp-\d+-[0-9a-f]{8}$')
 
 
-def _fsync_dir(folder: str) -> None:
-    """Make a rename in ``folder`` durable (best effort; not possible on Windows)."""
-    with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+def _fsync(path: str, flags: int) -> None:
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -40,23 +35,19 @@ def atomic_path(filepath: Union[str, Path]) -> Iterator[str]:
     tmp = osp.join(folder, f'.{osp.basename(filepath)}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}')
     try:
         yield tmp
-        fd = os.open(tmp, os.O_RDWR)  # also fails if the block wrote nothing
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync(tmp, os.O_RDWR)  # also fails if the block wrote nothing
         os.replace(tmp, filepath)
     except BaseException:
         with contextlib.suppress(OSError):
             os.remove(tmp)
         raise
-    _fsync_dir(folder)
+    with contextlib.suppress(OSError):  # make the rename durable (best effort; not on Windows)
+        _fsync(folder, os.O_RDONLY)
 
 
 def atomic_write(data: Union[bytes, str], filepath: Union[str, Path],
                  encoding: str = 'utf-8') -> None:
-    """Write ``data`` (bytes, or str encoded with ``encoding``) to ``filepath`` atomically
-    (see :func:`atomic_path`)."""
+    """Write ``data`` (bytes, or str encoded with ``encoding``) to ``filepath`` atomically."""
     if isinstance(data, str):
         data = data.encode(encoding)
     with atomic_path(filepath) as tmp:

@@ -1,13 +1,9 @@
 """The one place where paca_mm registers its modules into the OpenMMLab toolboxes.
 
-``import paca_mm`` calls :func:`register_all`. Each toolbox (mmpretrain, mmdet, mmseg) is
-optional: a missing one is skipped (see ``REGISTERED`` for what went where), so importing
-never fails because one of the three is absent. Registering into the scoped registries
-(not mmengine's root) makes ``type='PaCaViT'`` resolve in every scope and also with a
-scope prefix, e.g. ``type='mmdet.PaCaViT'`` from an mmseg config. It also installs safe
-checkpoint loading into mmengine (:func:`paca_mm.checkpoint.install_safe_checkpoint_loading`).
-:func:`get_scope` / :func:`register_toolbox_modules` tell which toolbox a config uses and
-register that toolbox's own modules, as its tools do.
+``import paca_mm`` calls :func:`register_all`. Each toolbox is optional: a missing one is
+skipped (``REGISTERED``/``MISSING`` say what went where), so the import never fails on it.
+Registering into the scoped registries (not mmengine's root) makes ``type='PaCaViT'``
+resolve in every scope, also with a prefix (``type='mmdet.PaCaViT'`` in an mmseg config).
 """
 import importlib
 from typing import Dict, List
@@ -19,22 +15,18 @@ REGISTERED: Dict[str, List[str]] = {}
 MISSING: Dict[str, str] = {}
 
 
-def _registry(toolbox: str, name: str):
-    try:
-        module = importlib.import_module(f'{toolbox}.registry')
-    except Exception as e:  # toolbox not installed, or broken install
-        MISSING[toolbox] = f'{type(e).__name__}: {e}'
-        return None
-    return getattr(module, name)
-
-
 def register(toolbox: str, registry_name: str, module, names=None):
     """Register ``module`` (under ``names``, default its class name) into
     ``<toolbox>.registry.<registry_name>``; skipped when the toolbox or ``module`` is
     missing (None)."""
-    registry = _registry(toolbox, registry_name)
-    if registry is None or module is None:  # toolbox (or the part `module` needs) missing
+    try:
+        registries = importlib.import_module(f'{toolbox}.registry')
+    except Exception as e:  # toolbox not installed, or broken install
+        MISSING[toolbox] = f'{type(e).__name__}: {e}'
         return
+    if module is None:  # the part of the toolbox `module` needs is missing
+        return
+    registry = getattr(registries, registry_name)
     for name in names or [module.__name__]:
         if name not in registry.module_dict:
             registry.register_module(name=name, module=module)
@@ -42,7 +34,8 @@ def register(toolbox: str, registry_name: str, module, names=None):
 
 
 def register_all():
-    """Register every paca_mm component into the toolboxes that are installed."""
+    """Register every paca_mm component into the toolboxes that are installed, and install
+    safe checkpoint loading, the model zoo and the FLOP handles into mmengine."""
     from .models.backbones import PaCaViT
     for toolbox in ('mmpretrain', 'mmdet', 'mmseg'):
         register(toolbox, 'MODELS', PaCaViT)

@@ -1,9 +1,6 @@
-"""The command-line semantics of ``tools/train.py`` and ``tools/test.py``.
-
-One set of tools serves the three toolboxes: the config's ``default_scope`` (``'mmseg'``,
-``'mmdet'`` or ``'mmpretrain'``) selects whose modules are registered and whose
-command-line semantics (``--out``, ``--show-dir``, ``--tta``) apply.
-"""
+"""The command-line semantics of ``tools/train.py`` and ``tools/test.py``: one set of tools
+serves the three toolboxes; the config's ``default_scope`` selects whose modules are
+registered and whose semantics (``--out``, ``--show-dir``, ``--tta``) apply."""
 import copy
 import importlib
 import os
@@ -15,6 +12,7 @@ from mmengine.config import Config, ConfigDict
 from ..checkpoint import TRUST_ENV
 from ..registry import register_toolbox_modules
 from .cpu import adapt_cfg_to_device, init_cpu_distributed
+
 
 def build_runner(cfg: Config):
     """Register the scope's modules, adapt ``cfg`` to the device, initialise CPU
@@ -40,12 +38,9 @@ def build_runner(cfg: Config):
 
 
 def run_with_checkpoint_hint(fn, *args, **kwargs):
-    """Call ``fn``; re-raise a weights-only unpickling failure with a hint on the fix.
-
-    On success in a distributed run, all ranks meet at a barrier and the process group is
-    destroyed before the process exits: a rank leaving while another still talks to the
-    store (hosted by rank 0) otherwise aborts the peer (seen with gloo: exit code -6).
-    """
+    """Call ``fn``; re-raise a weights-only unpickling failure with a hint on the fix. In a
+    distributed run, all ranks then meet at a barrier and the process group is destroyed: a
+    rank leaving while another still talks to rank 0's store aborts the peer (gloo: -6)."""
     import pickle
     try:
         result = fn(*args, **kwargs)
@@ -94,12 +89,9 @@ def apply_train_args(cfg: Config, amp: bool = False, auto_scale_lr: bool = False
             raise ValueError('--auto-scale-lr needs auto_scale_lr=dict(enable=False, '
                              'base_batch_size=...) in the config')
         asl.enable = True
-    if resume == 'auto':
+    if resume is not None:
         cfg.resume = True
-        cfg.load_from = None
-    elif resume is not None:
-        cfg.resume = True
-        cfg.load_from = resume
+        cfg.load_from = None if resume == 'auto' else resume
     return notes
 
 
@@ -124,11 +116,9 @@ def _as_list(evaluator: Any) -> list:
 def trigger_visualization(cfg: Config, scope: str, show: bool = False,
                           show_dir: Optional[str] = None, wait_time: float = 2.,
                           interval: Optional[int] = None) -> None:
-    """Turn on the config's visualization hook the way each toolbox's test.py does.
-
-    ``interval`` (draw every N-th batch) defaults to 1 for mmpretrain (its test.py) and to
-    the hook's own setting otherwise (SegVisualizationHook: 50).
-    """
+    """Turn on the config's visualization hook the way each toolbox's test.py does;
+    ``interval`` (draw every N-th batch) defaults to 1 for mmpretrain, else to the hook's
+    own setting (SegVisualizationHook: 50)."""
     hooks = cfg.get('default_hooks', {})
     if 'visualization' not in hooks:
         raise ValueError('--show/--show-dir need a `visualization` entry in default_hooks '
@@ -166,12 +156,10 @@ def _default_flip_tta_pipeline(test_pipeline: list, scope: str) -> list:
 def apply_tta(cfg: Config, scope: str) -> None:
     """``--tta``: wrap ``cfg.model`` in ``cfg.tta_model`` and test with ``cfg.tta_pipeline``.
 
-    mmseg requires both in the config (as its test.py); mmdet and mmpretrain fall back to
-    a flip pipeline and their default TTA model, as their test.py do, except that a
-    detector with a mask head gets :class:`~paca_mm.models.test_time_augs.MaskRCNNTTAModel`
-    (mmdet's ``DetTTAModel`` refuses masks). The names are unprefixed: the model is
-    built in the config's default scope, and mmdet registers ``DetTTAModel`` in mmengine's
-    root registry (found from the mmdet scope as ``DetTTAModel``, not ``mmdet.DetTTAModel``).
+    mmseg requires both in the config; mmdet and mmpretrain default to a flip pipeline and
+    their TTA model, as their test.py do, but a detector with a mask head gets
+    :class:`~paca_mm.models.test_time_augs.MaskRCNNTTAModel` (``DetTTAModel`` refuses masks).
+    Type names are unprefixed: mmdet registers ``DetTTAModel`` in mmengine's root registry.
     """
     test_dataset = cfg.test_dataloader.dataset
     if scope == 'mmseg':
@@ -198,14 +186,10 @@ def apply_tta(cfg: Config, scope: str) -> None:
 def apply_test_args(cfg: Config, scope: str, checkpoint: str, out: Optional[str] = None,
                     show: bool = False, show_dir: Optional[str] = None, wait_time: float = 2.,
                     tta: bool = False, interval: Optional[int] = None) -> None:
-    """The ``tools/test.py`` options with each toolbox's semantics:
-
-    * ``--out``: mmseg -> directory of prediction maps for offline evaluation
-      (``test_evaluator.output_dir``, ``keep_results``); mmdet -> ``.pkl`` of the
-      predictions (DumpDetResults); mmpretrain -> ``.pkl`` of the predictions (DumpResults).
-    * ``--show``/``--show-dir``: the config's visualization hook draws (see
-      :func:`trigger_visualization`). ``--tta``: see :func:`apply_tta`.
-    """
+    """The ``tools/test.py`` options with each toolbox's semantics (``--show``/``--show-dir``:
+    :func:`trigger_visualization`; ``--tta``: :func:`apply_tta`). ``--out``: mmseg -> folder
+    of prediction maps (``test_evaluator.output_dir``, ``keep_results``); mmdet/mmpretrain ->
+    ``.pkl`` of the predictions (DumpDetResults/DumpResults)."""
     cfg.load_from = checkpoint
     if show or show_dir:
         trigger_visualization(cfg, scope, show, show_dir, wait_time, interval)

@@ -1,16 +1,10 @@
 """Atomic checkpoints and a checked ``--resume`` for ``tools/train.py``.
 
-mmengine's ``LocalBackend.put`` (what ``save_checkpoint`` uses for a local work dir)
-opens ``iter_N.pth`` with ``'wb'`` and writes it in place: a run killed while it saves
-(preemption, OOM killer, a time limit) leaves a truncated ``iter_N.pth`` under its final
-name. :class:`AtomicLocalBackend` writes through :func:`paca_mm.fileio.atomic_write`
-(temporary file next to the target, fsync, ``os.replace``), so ``iter_N.pth`` is either the
-previous complete file or the new complete one. ``CheckpointHook`` writes
-``last_checkpoint`` only after ``save_checkpoint`` returns, i.e. after the rename.
-:func:`use_atomic_checkpoints` selects the backend (``backend_args=dict(backend=
-'paca_atomic_local')``; importing this module, as ``import paca_mm`` does, registers the
-name in mmengine), and :func:`check_resume_checkpoint` makes ``--resume`` skip a truncated
-newest checkpoint for the newest complete one, or stop with a clear error.
+mmengine's ``LocalBackend.put`` writes ``iter_N.pth`` in place, so a run killed while it
+saves leaves a truncated file under its final name. :class:`AtomicLocalBackend` writes
+through :func:`paca_mm.fileio.atomic_write` instead (``CheckpointHook`` updates
+``last_checkpoint`` after the rename); importing this module, as ``import paca_mm`` does,
+registers it in mmengine as ``ATOMIC_BACKEND``.
 """
 import os
 import os.path as osp
@@ -51,11 +45,9 @@ def add_rng_state_hook(cfg: Config) -> List[str]:
 
 
 def use_atomic_checkpoints(cfg: Config) -> List[str]:
-    """Have ``default_hooks.checkpoint`` write through :class:`AtomicLocalBackend` (see the
-    module doc); returns log notes. Left alone: a config that sets the hook's own
-    ``backend_args`` / ``file_client_args``, a remote ``out_dir``, a hook that is not a
-    CheckpointHook, or no checkpoint hook.
-    """
+    """Have ``default_hooks.checkpoint`` write through :class:`AtomicLocalBackend`; returns
+    log notes. Left alone: a hook with its own ``backend_args`` / ``file_client_args``, a
+    remote ``out_dir``, a hook that is not a CheckpointHook, or no checkpoint hook."""
     hook = (cfg.get('default_hooks') or {}).get('checkpoint')
     if not hook:
         return []
@@ -79,11 +71,9 @@ def use_atomic_checkpoints(cfg: Config) -> List[str]:
 def checkpoint_problem(path: str) -> Optional[str]:
     """Why the checkpoint file ``path`` cannot be resumed from, or None if it is complete.
 
-    torch's format is a zip archive: the archive must open (a truncated file has lost its
-    central directory at the end) and every member must match its CRC
-    (``ZipFile.testzip``, one read of the file). A file in torch's legacy (non-zip) format
-    is checked by loading it (weights-only; a refused global still counts as complete:
-    loading it later fails with the usual hint).
+    A zip archive (torch's format) must open (a truncated one has lost its central
+    directory) and pass ``ZipFile.testzip`` (CRCs). A legacy (non-zip) file is loaded
+    weights-only; a refused global counts as complete (loading it later gives the hint).
     """
     if not osp.isfile(path):
         return 'does not exist'
@@ -98,9 +88,7 @@ def checkpoint_problem(path: str) -> Optional[str]:
                 bad = archive.testzip()
         except Exception as e:  # BadZipFile, EOFError, OSError, struct.error ...
             return f'is truncated or corrupt ({size} bytes; {type(e).__name__}: {e})'
-        if bad is not None:
-            return f'is corrupt ({size} bytes; bad CRC in {bad})'
-        return None
+        return None if bad is None else f'is corrupt ({size} bytes; bad CRC in {bad})'
     try:
         load_checkpoint_file(path)
     except CheckpointError as e:
@@ -129,19 +117,12 @@ def _checkpoints_newest_first(cfg: Config, folders: List[str]) -> List[str]:
 
 
 def check_resume_checkpoint(cfg: Config) -> List[str]:
-    """Before the Runner is built: make sure ``--resume`` resumes from a complete
-    checkpoint; returns warnings to log (empty when nothing was wrong).
-
-    * ``--resume CKPT`` (``cfg.load_from``): a truncated/corrupt local file raises
-      :class:`CheckpointError` naming it (no other file is picked silently).
-    * ``--resume`` (auto, ``cfg.load_from`` None): the file named by
-      ``<work_dir>/last_checkpoint`` is checked (:func:`checkpoint_problem`); if it is
-      broken (or ``last_checkpoint`` is empty), the newest complete checkpoint of the
-      CheckpointHook's name pattern in its folder and the work dir becomes
-      ``cfg.load_from`` and a warning names the broken file(s). If none is complete,
-      :class:`CheckpointError` names every file tried. Temporary files that an
-      interrupted atomic save left behind are removed. Without ``last_checkpoint``,
-      mmengine's behaviour stays: training starts from scratch.
+    """Before the Runner is built: make ``--resume`` resume from a complete checkpoint;
+    returns warnings to log. A broken ``--resume CKPT`` raises :class:`CheckpointError`.
+    With ``--resume`` alone, a broken (or empty) ``<work_dir>/last_checkpoint`` target is
+    replaced by the newest complete checkpoint of the hook's name pattern in its folder and
+    the work dir (:class:`CheckpointError` if none); leftovers of interrupted atomic saves
+    are removed. Without ``last_checkpoint``, training starts from scratch (as mmengine).
     """
     if not cfg.get('resume'):
         return []
@@ -177,13 +158,10 @@ def check_resume_checkpoint(cfg: Config) -> List[str]:
             except FileNotFoundError:  # another rank removed it
                 continue
             warnings.append(f'removed {tmp}: the partial file of a save that was interrupted')
-    if latest:
-        problem = checkpoint_problem(latest)
-        if problem is None:
-            return warnings
-        tried = [f'{latest} {problem}']
-    else:
-        tried = [f'{save_file} is empty']
+    problem = checkpoint_problem(latest) if latest else 'is empty'
+    if problem is None:
+        return warnings
+    tried = [f'{latest or save_file} {problem}']
     for path in _checkpoints_newest_first(cfg, folders):
         if osp.abspath(path) == osp.abspath(latest or save_file):
             continue

@@ -1,5 +1,6 @@
 """mmengine's ``compile`` option in ``tools/train.py``: workarounds for torch.compile problems
-seen on PaCa's training graphs, and the warnings for the ones without a workaround."""
+seen on PaCa's training graphs, and the warnings for the ones without a workaround (the why
+and the config equivalents: docs/development.md, "torch.compile")."""
 from typing import List, Optional, Tuple
 
 import torch
@@ -19,22 +20,12 @@ def compile_backend(cfg: Config) -> Optional[str]:
     return 'inductor' if value else None
 
 
-def compiles(cfg: Config) -> bool:
-    """Whether mmengine's Runner will ``torch.compile`` the train step."""
-    return compile_backend(cfg) is not None
-
-
 def compiled_adam_lr_zero(cfg: Config) -> Optional[str]:
     """A warning when the config trains with ``compile`` and an Adam-family optimizer while
-    a parameter scheduler takes the learning rate to 0 (``PolyLR``/``CosineAnnealingLR``
-    with ``eta_min`` 0, ``LinearLR`` with ``end_factor`` 0); else None.
-
-    mmengine compiles ``train_step``, optimizer step included, and torch's compiled Adam
+    a parameter scheduler takes the learning rate to 0; else None. torch's compiled Adam
     folds the step size into the denominator: at lr = 0 an element whose second moment is
-    0 gets 0 / -0 = NaN (pytorch/pytorch#126514; seen here with torch 2.14.1: a tiny
-    segmentation run ends with NaN weights in its last iteration, where PolyLR reaches 0).
-    """
-    if not compiles(cfg):
+    0 gets 0 / -0 = NaN (seen with torch 2.14.1 after PolyLR's last iteration)."""
+    if compile_backend(cfg) is None:
         return None
     optim = (cfg.get('optim_wrapper') or {}).get('optimizer') or {}
     if 'adam' not in str(optim.get('type', '')).lower():
@@ -58,13 +49,8 @@ def compiled_adam_lr_zero(cfg: Config) -> Optional[str]:
 
 def compiled_cpu_attention_torch_bug(cfg: Config) -> Optional[str]:
     """A warning when the config trains with ``compile`` through inductor on the CPU with
-    torch < 2.3; else None.
-
-    There inductor lays out the inputs of the CPU flash attention after a convolution (PaCa's
-    clustering) channels-last, and its generated code then fails
-    ``assert_size_stride`` on the attention output in the first iteration
-    (pytorch/pytorch#121174, fixed in torch 2.3 by #122083; seen here with torch 2.1.2).
-    """
+    torch < 2.3 (the generated code fails ``assert_size_stride`` on the attention after
+    PaCa's clustering convolution, pytorch/pytorch#121174); else None."""
     if compile_backend(cfg) != 'inductor' or torch.cuda.is_available() or \
             torch_version() >= (2, 3):
         return None
@@ -74,19 +60,13 @@ def compiled_cpu_attention_torch_bug(cfg: Config) -> Optional[str]:
 
 
 def compile_static_shapes(cfg: Config) -> Tuple[List[str], List[str]]:
-    """With ``compile`` through inductor, make the compiled graphs static in shape: set
-    ``compile.dynamic=False`` unless the config sets ``dynamic``; returns (log notes,
-    warnings).
+    """With ``compile`` through inductor, set ``compile.dynamic=False`` unless the config sets
+    ``dynamic``; returns (log notes, warnings).
 
-    Inductor (torch 2.14.1, seen here) fails to compile a training graph with symbolic
-    sizes when a (B, C, H, W) tensor it saves for the backward has channels_last strides, as
-    PaCa's views of (B, N, C) tokens have: ``InductorError: TypeError: cannot determine truth
-    value of Relational: 128*s65 < 128`` in ``ir.get_stride_order`` (pytorch/pytorch#172204,
-    #185510). torch.compile's default, ``dynamic=None``, recompiles with symbolic sizes at
-    the second input size, so Mask R-CNN's multi-scale training stopped with that error in
-    its third iteration. With ``dynamic=False`` each input size is compiled once (up to
-    dynamo's ``recompile_limit``, ``cache_size_limit`` in older torch, sizes per frame;
-    beyond it the frame runs eagerly). See docs/benchmarks.md.
+    Inductor (torch 2.14.1) fails on a training graph with symbolic sizes when a tensor saved
+    for the backward has channels_last strides, as PaCa's views of (B, N, C) tokens have
+    (pytorch/pytorch#172204, #185510); torch.compile's default ``dynamic=None`` switches to
+    symbolic sizes at the second input size (Mask R-CNN's multi-scale training).
     """
     if compile_backend(cfg) != 'inductor':
         return [], []
@@ -105,9 +85,8 @@ def compile_static_shapes(cfg: Config) -> Tuple[List[str], List[str]]:
 
 
 def add_eager_optimizer_step_hook(cfg: Config) -> List[str]:
-    """With ``compile`` on, add :class:`paca_mm.hooks.EagerOptimizerStepHook` (once; why:
-    see its module); returns log notes."""
-    if not compiles(cfg):
+    """With ``compile`` on, add :class:`paca_mm.hooks.EagerOptimizerStepHook` (once)."""
+    if compile_backend(cfg) is None:
         return []
     return add_custom_hook(
         cfg, 'EagerOptimizerStepHook', 'EagerOptimizerStepHook added: the compiled train_step '

@@ -1,14 +1,7 @@
-"""Running the tools on a machine without CUDA.
-
-* SyncBN configs are rewritten to BN and ``AmpOptimWrapper`` (CUDA only in mmengine)
-  becomes bf16 autocast (:class:`CPUAmpOptimWrapper`), see :func:`adapt_cfg_to_device`;
-* a distributed launch (torchrun / Slurm / MPI) creates a gloo process group here, because
-  mmengine's ``init_dist`` always calls ``torch.cuda.set_device``
-  (:func:`init_cpu_distributed`), and the model is wrapped in
-  :class:`CPUDistributedDataParallel`.
-
-The two wrappers are registered in mmengine's root registries by
-:func:`paca_mm.registry.register_all`, so they resolve from every toolbox scope.
+"""Running the tools on a machine without CUDA: :func:`adapt_cfg_to_device` rewrites the
+config, :func:`init_cpu_distributed` creates the gloo process group. The two wrappers below
+are registered in mmengine's root registries by :func:`paca_mm.registry.register_all`, so
+they resolve from every toolbox scope.
 """
 import datetime
 import os
@@ -27,12 +20,10 @@ SYNC_BN_TYPES = ('SyncBN', 'MMSyncBN', 'TorchSyncBN')
 
 
 class CPUAmpOptimWrapper(OptimWrapper):
-    """Mixed precision on CPU: the forward runs under ``torch.autocast('cpu', bfloat16)``.
-
-    ``AmpOptimWrapper`` asserts CUDA. bfloat16 has float32's exponent range, so no loss
-    scaling is needed: ``loss_scale`` is accepted (AmpOptimWrapper configs build unchanged)
-    and ignored, and a ``loss_scaler`` entry in a (GPU) checkpoint's optimizer state is
-    dropped. ``dtype``: bfloat16 (or None); CPU autocast in mmengine supports nothing else.
+    """Mixed precision on CPU (``AmpOptimWrapper`` asserts CUDA): the forward runs under
+    ``torch.autocast('cpu', bfloat16)``. bfloat16 has float32's exponent range, so
+    ``loss_scale`` is accepted (AmpOptimWrapper configs build unchanged) and ignored, and a
+    (GPU) checkpoint's ``loss_scaler`` state is dropped. ``dtype``: bfloat16 (or None).
     """
 
     def __init__(self, loss_scale: Union[str, float, dict] = 'dynamic',
@@ -59,20 +50,14 @@ class CPUAmpOptimWrapper(OptimWrapper):
 
 
 class CPUDistributedDataParallel(MMDistributedDataParallel):
-    """``MMDistributedDataParallel`` for CPU (gloo) processes.
+    """``MMDistributedDataParallel`` for CPU (gloo) processes: drops the ``device_ids`` the
+    Runner passes (DDP rejects them for CPU modules) and reverts SyncBN layers, also ones a
+    model builds in code, to BN (DDP refuses SyncBN on CPU)."""
 
-    The Runner passes ``device_ids=[LOCAL_RANK]``, which DDP rejects for CPU modules, and
-    DDP refuses SyncBatchNorm on CPU. This wrapper drops ``device_ids``/``output_device``
-    and reverts SyncBN layers (also ones a model creates in code, not via ``norm_cfg``)
-    to BN before wrapping; gradients are still all-reduced over the process group.
-    """
-
-    def __init__(self, module: nn.Module, detect_anomalous_params: bool = False, **kwargs):
+    def __init__(self, module: nn.Module, **kwargs):
         kwargs.pop('device_ids', None)
         kwargs.pop('output_device', None)
-        module = revert_sync_batchnorm(module)
-        super().__init__(module=module, detect_anomalous_params=detect_anomalous_params,
-                         **kwargs)
+        super().__init__(module=revert_sync_batchnorm(module), **kwargs)
 
 
 def _replace_sync_bn(node: Any, path: str, changed: List[str]) -> Any:
@@ -91,12 +76,10 @@ def _replace_sync_bn(node: Any, path: str, changed: List[str]) -> Any:
 
 def adapt_cfg_to_device(cfg: Config, cuda: Optional[bool] = None) -> List[str]:
     """Make a (GPU) config runnable on a machine without CUDA (in place; nothing when CUDA
-    is available); returns log notes.
-
-    * SyncBN/MMSyncBN norm configs in ``cfg.model`` / ``cfg.tta_model`` become BN and
-      ``cfg.sync_bn`` is dropped (no CPU kernel; DDP refuses it on CPU modules);
-    * distributed runs use gloo and :class:`CPUDistributedDataParallel`;
-    * ``AmpOptimWrapper`` becomes :class:`CPUAmpOptimWrapper`.
+    is available); returns log notes. SyncBN norm configs in ``cfg.model`` /
+    ``cfg.tta_model`` become BN and ``cfg.sync_bn`` is dropped (no CPU kernel; DDP refuses
+    it on CPU modules); distributed runs use gloo and :class:`CPUDistributedDataParallel`;
+    ``AmpOptimWrapper`` becomes :class:`CPUAmpOptimWrapper`.
     """
     if (torch.cuda.is_available() if cuda is None else cuda):
         return []
@@ -148,14 +131,10 @@ _LAUNCHER_ENV = {'pytorch': ('RANK', 'WORLD_SIZE', 'LOCAL_RANK'),
 
 
 def init_cpu_distributed(launcher: str, dist_cfg: Optional[Dict] = None) -> bool:
-    """Create the gloo process group for a distributed run on a machine without CUDA.
-
-    mmengine's ``init_dist`` calls ``torch.cuda.set_device`` unconditionally, so on CPU
-    the process group is created here from the launcher's environment (torchrun:
-    RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT; Slurm: SLURM_PROCID/NTASKS/
-    NODELIST/LOCALID; MPI: OMPI_COMM_WORLD_*), exporting the torchrun variables the
-    Runner reads. The Runner then finds the group initialised and keeps it.
-
+    """Create the gloo process group for a distributed run on a machine without CUDA
+    (mmengine's ``init_dist`` always calls ``torch.cuda.set_device``) from the launcher's
+    environment (``_LAUNCHER_ENV``, MASTER_ADDR/MASTER_PORT; Slurm: SLURM_NODELIST),
+    exporting the torchrun variables the Runner reads; the Runner keeps the group.
     Returns True if a group was created here (False with CUDA, launcher 'none', or a
     group that already exists).
     """

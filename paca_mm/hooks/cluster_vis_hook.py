@@ -12,23 +12,15 @@ from ..visualization.drawing import heatmap_grid, save_image, to_bgr_image
 
 
 class PaCaClusterVisHook(Hook):
-    """Every ``interval`` training iterations, draw the M cluster heatmaps (sigmoid of the
-    pre-softmax assignment, paper Sec. 3.3) of one stage for a fixed image.
+    """Every ``interval`` training iterations (and after the last), draw the M cluster
+    heatmaps (sigmoid of the pre-softmax assignment, paper Sec. 3.3) of one stage for a
+    fixed image; only the main process draws.
 
-    The grid (input + one overlay per cluster) goes to
+    The grid (input + one overlay per cluster, ``tile`` pixels each) goes to
     ``<out_dir or work_dir/cluster_vis>/iter_XXXXXX_stage{s}.png`` and, with
-    ``add_to_visualizer``, to the runner's visualizer backends (``add_image``, name
-    ``cluster_heatmaps_stage{s}``, step = iteration). Only the main process draws.
-
-    Args:
-        interval: iterations between drawings (also drawn after the last iteration).
-        image: image path (prepared with the config's test pipeline, see
-            ``paca_mm.visualization.inference.load_image``), or None for the first sample of
-            the validation dataset.
-        stage: 1-based stage index (default 3, as in the paper); must have clusters.
-        out_dir: folder for the PNGs; default ``<work_dir>/cluster_vis``.
-        tile: pixel size of a grid tile.
-        add_to_visualizer: also send the grid to ``runner.visualizer``.
+    ``add_to_visualizer``, to the runner's visualizer (``cluster_heatmaps_stage{s}``).
+    ``image``: a path (prepared by ``paca_mm.visualization.inference.load_image``), or None
+    for the first validation sample. ``stage``: 1-based (default 3, as in the paper).
     """
     priority = 'LOW'
 

@@ -1,23 +1,14 @@
 """mmengine's ``compile`` option, for configs with ``paramwise_cfg`` and a learning-rate schedule.
 
-mmengine compiles the model's ``train_step``, and with it the optimizer wrapper's
-``update_params`` (backward, optimizer step, zero_grad). Two things go wrong in the
-optimizer part of that graph, measured with torch 2.14.1 on our configs:
-
-* with ``paramwise_cfg``, ``DefaultOptimWrapperConstructor`` stores its per-parameter groups
-  in the (``ConfigDict``) optimizer config, which makes every group a ``ConfigDict``; dynamo
-  fails on them while it traces the step (``InternalTorchDynamoError: AttributeError:
-  'UserDefinedDictVariable' object has no attribute 'items'``, in ``_set_capturable``);
-* each group's ``lr`` is a Python float that the parameter schedulers change every
-  iteration, and dynamo guards on it: the step is recompiled, one group at a time, until
-  dynamo's recompile limit (with inductor on the 2-core CPU, 100-200 s per iteration).
-
-:class:`EagerOptimizerStepHook` (added by ``tools/train.py`` when the config sets
-``compile``; for the toolboxes' own train scripts add ``dict(type='EagerOptimizerStepHook')``
-to ``custom_hooks``) makes ``update_params`` run outside the compiled graph
-(``torch.compiler.disable``), in ``before_train``: the forward and, through the compiled
-autograd graph, the backward stay compiled; ``loss.backward()``, the optimizer step and
-``zero_grad`` are called eagerly, as without ``compile``.
+mmengine compiles the model's ``train_step`` and with it the optimizer wrapper's
+``update_params``. Traced, the optimizer step fails on the ``ConfigDict`` parameter groups
+that ``paramwise_cfg`` produces (``InternalTorchDynamoError: AttributeError:
+'UserDefinedDictVariable' object has no attribute 'items'``, torch 2.14.1), and dynamo guards
+on each group's ``lr``, so every scheduler step recompiles (docs/development.md,
+"torch.compile"). :class:`EagerOptimizerStepHook` (added by ``tools/train.py`` with
+``compile``; elsewhere ``custom_hooks=[dict(type='EagerOptimizerStepHook')]``) wraps
+``update_params`` in ``torch.compiler.disable`` before training: forward and backward stay
+compiled; the ``backward()`` call, optimizer step and ``zero_grad`` run eagerly.
 """
 import torch
 from mmengine.hooks import Hook
@@ -25,8 +16,7 @@ from mmengine.optim import OptimWrapperDict
 
 
 class EagerOptimizerStepHook(Hook):
-    """Keep the optimizer wrappers' ``update_params`` out of the compiled ``train_step``
-    (see module doc)."""
+    """Run the optimizer wrappers' ``update_params`` outside the compiled graph (module doc)."""
 
     priority = 'VERY_HIGH'
 

@@ -1,24 +1,17 @@
 """Make ``--resume`` continue the training random stream exactly where it stopped.
 
-mmengine checkpoints do not contain RNG states: a resumed run re-seeds and so draws
-different dropout / drop-path masks than the interrupted run would have. This hook
-(added by ``tools/train.py``) fixes that for the model's randomness:
+mmengine checkpoints hold no RNG state, so a resumed run re-seeds and draws other dropout /
+drop-path masks. :class:`RNGStateHook` (added by ``tools/train.py``) saves the torch (and
+CUDA) RNG states in ``checkpoint['meta']['rng_state']`` and restores them in
+``before_train`` of a resumed run (not for ``load_from``). Validation runs between RNG
+snapshots, so it leaves the training stream unchanged (a validation DataLoader draws its
+base seed from the torch RNG).
 
-* ``before_save_checkpoint``: stores the torch (and CUDA) RNG states in
-  ``checkpoint['meta']['rng_state']``;
-* when the Runner *resumes* from such a checkpoint, the states are restored in
-  ``before_train`` (``load_from`` without resume restores nothing);
-* validation runs between RNG snapshots (``before_val``/``after_val``), so validating
-  during training leaves the training stream unchanged (a DataLoader draws its base seed
-  from the global torch RNG each time a validation epoch starts).
-
-numpy / python ``random`` are deliberately not restored: for iteration-based loops
-mmengine replays the data pipeline of the skipped iterations when it resumes (``Advance
-dataloader N steps``), which reproduces the data augmentation from the seed (in the main
-process or in the deterministically seeded workers); restoring them would break that
-replay. Not reproduced exactly: pipelines that draw from the *torch* RNG in the main
-process (``num_workers=0``), and main-process numpy augmentation after an epoch-based
-resume (no replay there).
+numpy / python ``random`` are deliberately not restored: iteration-based loops replay the
+data pipeline of the skipped iterations on resume, which reproduces the augmentation from
+the seed; restoring them would break that replay. Not reproduced exactly: torch-RNG
+augmentation in the main process (``num_workers=0``), and main-process numpy augmentation
+after an epoch-based resume (no replay there).
 """
 from typing import Optional
 
