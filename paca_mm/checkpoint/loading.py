@@ -1,18 +1,14 @@
 """Safe checkpoint loading: weights-only ``torch.load`` plus what mmengine Runner files hold.
 
-Checkpoints are pickles, and unpickling can run arbitrary code. Every loader of paca_mm and,
-after ``import paca_mm``, mmengine's ``CheckpointLoader`` for local files and ``http(s)://``
-(``load_from``, ``--resume``, ``init_model`` ...) go through :func:`safe_torch_load`: tensors
-plus the allow-list of what mmengine Runner checkpoints hold (HistoryBuffer, numpy
-arrays/scalars, HistoryBuffer methods via a restricted ``getattr``) and timm checkpoints hold
-(the training ``args``, an ``argparse.Namespace``: no ``__setstate__``, so unpickling only
-fills its ``__dict__``, whose values pass the same allow-list). Anything else raises
-:class:`CheckpointError` naming the refused global. torch >= 2.4: ``weights_only=True`` with
-the allow-list in torch's safe globals (process-wide, so the toolboxes' own ``torch.load``
-reads Runner files under the weights-only default of torch >= 2.6); older torch: a restricted
-unpickler. Opt-in for a trusted file, never automatic: ``trust=True`` (Python API),
-``--trust-checkpoint`` (tools) or ``PACA_MM_TRUST_CHECKPOINTS=1``; the file is then unpickled
-in full (``weights_only=False``).
+Unpickling can run arbitrary code, so every loader of paca_mm, and after ``import paca_mm``
+mmengine's ``CheckpointLoader`` for local and ``http(s)://`` files (``load_from``, ``--resume``,
+``init_model`` ...), goes through :func:`safe_torch_load`: tensors plus an allow-list of what
+Runner checkpoints hold (HistoryBuffer with its methods via a restricted ``getattr``, numpy
+arrays/scalars) and timm's hold (``args``: an ``argparse.Namespace``, whose ``__dict__`` passes
+the same allow-list). Anything else raises :class:`CheckpointError` naming the refused global.
+torch >= 2.4 adds the allow-list to its safe globals (process-wide, also for the toolboxes' own
+``torch.load``); older torch uses a restricted unpickler. A trusted file is unpickled in full
+on explicit opt-in only: ``trust=True``, ``--trust-checkpoint`` or ``PACA_MM_TRUST_CHECKPOINTS=1``.
 """
 import _codecs
 import _compat_pickle
@@ -92,14 +88,11 @@ def mmengine_checkpoint_globals() -> List[Any]:
 def allow_mmengine_checkpoint_globals(extra: Sequence[Any] = ()) -> List[Any]:
     """Add :func:`mmengine_checkpoint_globals` (and ``extra``, e.g. what a custom hook stores)
     to torch's safe globals; returns them ([] on torch < 2.4, which has no allow-list)."""
-    serialization = torch.serialization
-    if not hasattr(serialization, 'add_safe_globals'):
+    if not hasattr(torch.serialization, 'add_safe_globals'):
         return []
     allowed = mmengine_checkpoint_globals() + list(extra)
-    current = getattr(serialization, 'get_safe_globals', list)()
-    missing = [g for g in allowed if g not in current]
-    if missing:
-        serialization.add_safe_globals(missing)
+    current = getattr(torch.serialization, 'get_safe_globals', list)()
+    torch.serialization.add_safe_globals([g for g in allowed if g not in current])
     return allowed
 
 
@@ -161,8 +154,7 @@ def safe_torch_load(f, map_location='cpu', trust: bool = False, source: Optional
         except (AttributeError, ImportError, pickle.UnpicklingError) as e:
             raise CheckpointError(f'cannot unpickle trusted checkpoint {source!r}: '
                                   f'{type(e).__name__}: {e}') from e
-    if hasattr(torch.serialization, 'add_safe_globals'):
-        allow_mmengine_checkpoint_globals()
+    if allow_mmengine_checkpoint_globals():  # torch >= 2.4
         kwargs = dict(weights_only=True)
     else:
         kwargs = dict(weights_only=False, pickle_module=_restricted_pickle_module())
@@ -188,19 +180,14 @@ def _download(url: str) -> str:
     from mmengine.dist import get_dist_info
     from torch.hub import download_url_to_file, get_dir
     cached = osp.join(get_dir(), 'checkpoints', osp.basename(urlparse(url).path))
-
-    def fetch():
-        if not osp.isfile(cached):
-            os.makedirs(osp.dirname(cached), exist_ok=True)
-            download_url_to_file(url, cached, progress=False)
-
     rank, world_size = get_dist_info()
-    if rank == 0:
-        fetch()
-    if world_size > 1:
+    if rank > 0 and world_size > 1:
+        torch.distributed.barrier()  # wait for rank 0
+    if not osp.isfile(cached):
+        os.makedirs(osp.dirname(cached), exist_ok=True)
+        download_url_to_file(url, cached, progress=False)
+    if rank == 0 and world_size > 1:
         torch.distributed.barrier()
-        if rank > 0:
-            fetch()
     return cached
 
 
@@ -218,9 +205,8 @@ def load_from_http(filename, map_location=None, trust: bool = False):
 
 
 def install_safe_checkpoint_loading() -> None:
-    """Called by ``import paca_mm``: the allow-list, and safe mmengine ``CheckpointLoader``
-    schemes for local files and ``http(s)://`` (mmengine's own unpickle anything on torch <
-    2.6); other schemes (``s3://``, ``open-mmlab://`` ...) stay mmengine's."""
+    """Called by ``import paca_mm``: the allow-list, and safe ``CheckpointLoader`` schemes for
+    local and ``http(s)://`` files; others (``s3://``, ``open-mmlab://`` ...) stay mmengine's."""
     from mmengine.runner import CheckpointLoader
     allow_mmengine_checkpoint_globals()
     CheckpointLoader.register_scheme(prefixes='', loader=load_from_local, force=True)
