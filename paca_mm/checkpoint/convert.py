@@ -1,5 +1,4 @@
-"""Converting PaCa-ViT checkpoints (official releases and our own) and loading them into a
-backbone.
+"""Converting PaCa-ViT checkpoints (official releases, our own) and loading them into a backbone.
 
 Layouts accepted by :func:`extract_backbone_state_dict`:
 
@@ -8,8 +7,9 @@ Layouts accepted by :func:`extract_backbone_state_dict`:
 * mmengine/mmdet/mmseg/mmpretrain files ``{'state_dict': ..., 'meta': ...}`` with keys under
   ``backbone.*`` (and ``neck.*``, ``decode_head.*``, ``head.*`` ...);
 * timm ``CheckpointSaver`` files ``{'state_dict': ..., 'state_dict_ema': ..., 'args': ...}``
-  (``state_dict`` unless EMA is asked for, see :func:`state_dict_of`);
-* any of these wrapped by DDP (``module.`` prefix).
+  (``state_dict``, as timm loads it, unless ``ema=True`` asks for ``state_dict_ema``);
+* any of these nested under ``state_dict`` / ``model`` / ``module`` / ``model_state``, or
+  wrapped by DDP (``module.`` prefix).
 
 Changing the cluster count at fine-tune time (e.g. 100 -> 200 on ADE20k) is supported: the
 layers whose shape depends on M (the last clustering layer, the teacher's ``to_clusters``)
@@ -28,20 +28,17 @@ from mmengine.logging import print_log
 from ..fileio import atomic_write
 from .loading import CheckpointError, load_checkpoint_file
 
+_CLUSTERING = 'attn.clustering.clustering.'
 # Tensors whose shape depends on the number of clusters M of their stage.
 _CLUSTER_LAYER = re.compile(
-    r'(^|\.)(attn\.clustering\.clustering\.\d+\.(weight|bias)'
-    r'|paca_teacher\.to_clusters\d+\.(weight|bias))$')
+    r'(^|\.)(attn\.clustering\.clustering\.\d+|paca_teacher\.to_clusters\d+)\.(weight|bias)$')
 # Tensors that exist only when a stage has M > 0 (so a 0 <-> M change adds/removes them).
 _CLUSTER_ONLY = re.compile(r'(^|\.)attn\.(cluster_norm|clustering)\.')
 _WRAPPER_KEYS = ('state_dict', 'model', 'module', 'model_state')
 
 
 def state_dict_of(ckpt, ema: bool = False) -> 'OrderedDict':
-    """The tensors of a checkpoint's state_dict, whatever wraps it: a plain state_dict, or
-    one under ``state_dict`` / ``model`` / ``module`` / ``model_state`` (nested too); a DDP
-    ``module.`` prefix is stripped and non-tensor entries are dropped. ``ema=True``: a timm
-    file's ``state_dict_ema`` (default: its ``state_dict``, as timm loads it)."""
+    """The tensors of a checkpoint's state_dict, whatever wraps it (see module docstring)."""
     if not isinstance(ckpt, dict):
         raise CheckpointError(f'expected a dict checkpoint, got {type(ckpt).__name__}')
     if ema and not isinstance(ckpt.get('state_dict_ema'), dict):
@@ -57,16 +54,11 @@ def state_dict_of(ckpt, ema: bool = False) -> 'OrderedDict':
     return OrderedDict((k[len('module.'):] if k.startswith('module.') else k, v)
                        for k, v in sd.items() if torch.is_tensor(v))
 
+
 def extract_backbone_state_dict(ckpt, prefix: Optional[str] = None,
                                 ema: bool = False) -> 'OrderedDict':
-    """Backbone state_dict from any accepted layout (see module docstring).
-
-    Args:
-        prefix: keep only keys under this prefix and strip it (e.g. 'backbone.'). By default
-            'backbone.' is used when such keys exist; otherwise the classifier ``head.*`` of an
-            official ImageNet file is dropped.
-        ema: a timm file's ``state_dict_ema`` instead of ``state_dict`` (:func:`state_dict_of`).
-    """
+    """Backbone tensors: the keys under ``prefix`` (stripped); by default ``backbone.`` if there
+    are such keys, else all but an official ImageNet file's classifier ``head.*``."""
     sd = state_dict_of(ckpt, ema)
     if prefix is None and any(k.startswith('backbone.') for k in sd):
         prefix = 'backbone.'
@@ -81,70 +73,49 @@ def extract_backbone_state_dict(ckpt, prefix: Optional[str] = None,
 
 
 def convert_official_to_classifier(ckpt) -> 'OrderedDict':
-    """Official ImageNet state_dict -> mmpretrain ``ImageClassifier`` keys.
-
-    ``<backbone key>`` -> ``backbone.<key>``; ``head.weight/bias`` -> ``head.fc.weight/bias``
-    (PaCaViT + GlobalAveragePooling + LinearClsHead gives the official logits).
-    """
-    out = OrderedDict()
-    for k, v in state_dict_of(ckpt).items():
+    """Official ImageNet state_dict -> mmpretrain ``ImageClassifier`` keys (PaCaViT +
+    GlobalAveragePooling + LinearClsHead gives the official logits)."""
+    def renamed(k):
         if k.startswith(('backbone.', 'head.fc.', 'neck.')):
-            out[k] = v
-        elif k.startswith('head.'):
-            out['head.fc.' + k[len('head.'):]] = v
-        else:
-            out['backbone.' + k] = v
-    return out
+            return k
+        return 'head.fc.' + k[len('head.'):] if k.startswith('head.') else 'backbone.' + k
+
+    return OrderedDict((renamed(k), v) for k, v in state_dict_of(ckpt).items())
 
 
 def cluster_count_keys(keys) -> set:
-    """The keys (of a model or checkpoint) whose tensor shape depends on the cluster count M:
-    the *last* layer of every clustering module (conv ``.4``, mlp ``.2``, linear ``.0``)
-    and the teacher's ``to_clusters``."""
+    """The keys whose tensor shape depends on the cluster count M: the *last* layer of every
+    clustering module (conv ``.4``, mlp ``.2``, linear ``.0``) and the teacher's
+    ``to_clusters``."""
     keys = list(keys)
-    last = {}
-    for k in keys:
-        m = _CLUSTER_LAYER.search(k)
-        if m and 'attn.clustering.clustering.' in k:
-            head, rest = k.split('attn.clustering.clustering.', 1)
-            idx = int(rest.split('.', 1)[0])
-            last[head] = max(last.get(head, -1), idx)
-    out = set()
-    for k in keys:
-        if 'paca_teacher.to_clusters' in k and _CLUSTER_LAYER.search(k):
-            out.add(k)
-        elif 'attn.clustering.clustering.' in k:
-            head, rest = k.split('attn.clustering.clustering.', 1)
-            if int(rest.split('.', 1)[0]) == last[head]:
-                out.add(k)
-    return out
+
+    def position(k):  # (block, index of the layer in its clustering module)
+        head, rest = k.split(_CLUSTERING, 1)
+        return head, int(rest.split('.', 1)[0])
+
+    # block -> index of its last layer (in sorted order the highest index comes last and wins)
+    last = dict(sorted(position(k) for k in keys if _CLUSTERING in k and _CLUSTER_LAYER.search(k)))
+    return {k for k in keys if ('paca_teacher.to_clusters' in k and _CLUSTER_LAYER.search(k))
+            or (_CLUSTERING in k and position(k) in last.items())}
 
 
 def match_state_dict(model_sd, sd) -> dict:
-    """Compare a checkpoint state_dict with a model's.
-
-    Returns dict(load=OrderedDict to load, missing, unexpected, mismatched (other shape
-    mismatches as (key, ckpt_shape, model_shape)), reinit (cluster-count layers kept at random
-    init, as (key, ckpt_shape, model_shape) or (key, None, shape) if absent from the ckpt)).
-    """
+    """dict(load=the tensors to load, missing, unexpected, mismatched=[(key, ckpt shape, model
+    shape)], reinit=[the same for cluster-count layers, a shape None where the key is absent])."""
     load, mismatched, reinit = OrderedDict(), [], []
     cluster_keys = cluster_count_keys(model_sd)
     for k, v in sd.items():
-        if k not in model_sd:
-            continue
-        if v.shape == model_sd[k].shape:
+        if k in model_sd and v.shape == model_sd[k].shape:
             load[k] = v
-        elif k in cluster_keys and v.shape[1:] == model_sd[k].shape[1:]:
+        elif k in cluster_keys and v.shape[1:] == model_sd[k].shape[1:]:  # all in model_sd
             reinit.append((k, tuple(v.shape), tuple(model_sd[k].shape)))
-        else:
+        elif k in model_sd:
             mismatched.append((k, tuple(v.shape), tuple(model_sd[k].shape)))
     missing = [k for k in model_sd if k not in sd]
     unexpected = [k for k in sd if k not in model_sd]
 
-    # A stage that was plain attention (M = 0) in the checkpoint and has clusters now (or the
-    # reverse) gains (loses) its cluster_norm + clustering tensors: that is a cluster-count
-    # change, not a wrong model. Recognised by the block's cluster_norm being absent on the
-    # other side.
+    # A stage with M = 0 on one side and M > 0 on the other (recognised by its cluster_norm
+    # missing on the M = 0 side) gains/loses its clustering tensors: a cluster-count change.
     def _m0_on(other, k):
         return _CLUSTER_ONLY.search(k) and \
             k.split('attn.', 1)[0] + 'attn.cluster_norm.weight' not in other
@@ -154,9 +125,8 @@ def match_state_dict(model_sd, sd) -> dict:
                ('paca_teacher.to_clusters' in k and 'paca_teacher.block1.0.1.weight' in model_sd)]
     reinit += [(k, None, tuple(model_sd[k].shape)) for k in gained]
     reinit += [(k, tuple(sd[k].shape), None) for k in dropped]
-    missing = [k for k in missing if k not in set(gained)]
-    unexpected = [k for k in unexpected if k not in set(dropped)]
-    return dict(load=load, missing=missing, unexpected=unexpected, mismatched=mismatched,
+    return dict(load=load, missing=[k for k in missing if k not in gained],
+                unexpected=[k for k in unexpected if k not in dropped], mismatched=mismatched,
                 reinit=reinit)
 
 
@@ -169,28 +139,19 @@ def _fmt(items, limit=20):
 def load_backbone_checkpoint(model: torch.nn.Module, checkpoint, prefix: Optional[str] = None,
                              strict: bool = False, map_location='cpu',
                              trust: bool = False) -> dict:
-    """Load a checkpoint (path/URL or dict) into a PaCaViT backbone.
-
-    A path is read by :func:`load_checkpoint_file` (weights-only + the Runner allow-list;
-    ``trust=True`` or ``PACA_MM_TRUST_CHECKPOINTS=1`` for a trusted file that pickles other
-    objects). Cluster-count layers with another M are re-initialised (logged). Missing, unexpected
-    and other mismatched keys are logged as warnings; with ``strict=True`` they raise
-    :class:`CheckpointError` instead (mmengine semantics). Returns the report of
-    :func:`match_state_dict` (without the tensors).
-    """
+    """Load a checkpoint (path/URL read by :func:`load_checkpoint_file`, or dict) into a PaCaViT
+    backbone. Cluster-count layers with another M are re-initialised (logged); other missing,
+    unexpected and mismatched keys are warnings, or with ``strict=True`` a
+    :class:`CheckpointError`. Returns :func:`match_state_dict`'s report without ``load``."""
     source = checkpoint if isinstance(checkpoint, str) else '<state_dict>'
-    ckpt = load_checkpoint_file(checkpoint, map_location, trust) \
-        if isinstance(checkpoint, str) else checkpoint
-    sd = extract_backbone_state_dict(ckpt, prefix)
-    report = match_state_dict(model.state_dict(), sd)
-    problems = []
-    if report['missing']:
-        problems.append(f'missing keys (kept at random init): {_fmt(report["missing"])}')
-    if report['unexpected']:
-        problems.append(f'unexpected keys (ignored): {_fmt(report["unexpected"])}')
-    if report['mismatched']:
-        problems.append('size mismatch (kept at random init): ' + _fmt(
-            f'{k}: checkpoint {a}, model {b}' for k, a, b in report['mismatched']))
+    if isinstance(checkpoint, str):
+        checkpoint = load_checkpoint_file(checkpoint, map_location, trust)
+    report = match_state_dict(model.state_dict(), extract_backbone_state_dict(checkpoint, prefix))
+    problems = [f'{what}: {_fmt(keys)}' for what, keys in [
+        ('missing keys (kept at random init)', report['missing']),
+        ('unexpected keys (ignored)', report['unexpected']),
+        ('size mismatch (kept at random init)',
+         [f'{k}: checkpoint {a}, model {b}' for k, a, b in report['mismatched']])] if keys]
     if problems and strict:
         raise CheckpointError(f'checkpoint {source} does not match the model:\n' +
                               '\n'.join(problems))
@@ -208,10 +169,7 @@ def load_backbone_checkpoint(model: torch.nn.Module, checkpoint, prefix: Optiona
 
 
 def save_checkpoint_atomic(obj, dst: str, src: Optional[str] = None) -> None:
-    """``torch.save`` ``obj`` to ``dst`` atomically (:func:`paca_mm.fileio.atomic_write`).
-
-    Refuses to overwrite ``src`` (the input of a conversion).
-    """
+    """``torch.save`` ``obj`` to ``dst`` atomically; refuses to overwrite ``src``."""
     if src is not None and osp.exists(dst) and osp.samefile(src, dst):
         raise ValueError(f'refusing to overwrite the input checkpoint {src!r}; choose another '
                          'output path')
@@ -221,9 +179,8 @@ def save_checkpoint_atomic(obj, dst: str, src: Optional[str] = None) -> None:
 
 
 def adapt_cluster_layers(sd: Dict[str, torch.Tensor], model: torch.nn.Module) -> 'OrderedDict':
-    """Return the backbone state_dict ``sd`` with the cluster-count dependent tensors taken
-    from ``model`` (its random init) or dropped, so that it loads strictly into ``model``
-    (e.g. 100 -> 200 clusters, or 100 -> 0 in a stage). Other differences raise."""
+    """``sd`` with the cluster-count dependent tensors taken from ``model`` (its random init)
+    or dropped, so that it loads strictly into ``model``; other differences raise."""
     model_sd = model.state_dict()
     report = match_state_dict(model_sd, sd)
     if report['mismatched'] or report['missing'] or report['unexpected']:
@@ -232,7 +189,5 @@ def adapt_cluster_layers(sd: Dict[str, torch.Tensor], model: torch.nn.Module) ->
             _fmt([f'{k}: checkpoint {a} vs model {b}' for k, a, b in report['mismatched']] +
                  [f'missing {k}' for k in report['missing']] +
                  [f'unexpected {k}' for k in report['unexpected']]))
-    out = OrderedDict()
-    for k in model_sd:
-        out[k] = sd[k] if k in report['load'] else model_sd[k].clone()
-    return out
+    return OrderedDict((k, sd[k] if k in report['load'] else v.clone())
+                       for k, v in model_sd.items())

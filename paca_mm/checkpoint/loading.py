@@ -1,16 +1,14 @@
 """Safe checkpoint loading: weights-only ``torch.load`` plus what mmengine Runner files hold.
 
-Checkpoints are pickles, and unpickling can run arbitrary code. Every loader of paca_mm
-(:func:`load_checkpoint_file`, ``init_cfg=dict(type='Pretrained')``, the converter, the
-visualisation tools) and, after ``import paca_mm``, mmengine's ``CheckpointLoader`` for
-local files and ``http(s)://`` (``load_from``, ``--resume``, ``init_model`` ...) go through
-:func:`safe_torch_load`: tensors plus the narrow allow-list of what mmengine Runner
-checkpoints contain (HistoryBuffer, numpy arrays/scalars, HistoryBuffer methods via a
-restricted ``getattr``) and timm checkpoints contain (the training ``args``, an
-``argparse.Namespace``). Anything else raises :class:`CheckpointError` naming the refused
-global. Opt-in for a trusted file, never automatic: ``trust=True`` (Python API),
-``--trust-checkpoint`` (tools, :func:`trust_checkpoints`) or the environment variable
-``PACA_MM_TRUST_CHECKPOINTS=1``.
+Unpickling can run arbitrary code, so every loader of paca_mm, and after ``import paca_mm``
+mmengine's ``CheckpointLoader`` for local and ``http(s)://`` files (``load_from``, ``--resume``,
+``init_model`` ...), goes through :func:`safe_torch_load`: tensors plus an allow-list of what
+Runner checkpoints hold (HistoryBuffer with its methods via a restricted ``getattr``, numpy
+arrays/scalars) and timm's hold (``args``: an ``argparse.Namespace``, whose ``__dict__`` passes
+the same allow-list). Anything else raises :class:`CheckpointError` naming the refused global.
+torch >= 2.4 adds the allow-list to its safe globals (process-wide, also for the toolboxes' own
+``torch.load``); older torch uses a restricted unpickler. A trusted file is unpickled in full
+on explicit opt-in only: ``trust=True``, ``--trust-checkpoint`` or ``PACA_MM_TRUST_CHECKPOINTS=1``.
 """
 import _codecs
 import _compat_pickle
@@ -43,44 +41,21 @@ _TRUST_HINT = (
 
 
 def trust_requested(trust: bool) -> bool:
-    """``trust``, or the environment variable ``PACA_MM_TRUST_CHECKPOINTS`` set to 1/true/yes."""
+    """``trust``, or ``PACA_MM_TRUST_CHECKPOINTS`` set to 1/true/yes/on."""
     return bool(trust) or os.environ.get(TRUST_ENV, '').strip().lower() in (
         '1', 'true', 'yes', 'on')
 
 
 def trust_checkpoints(enable: bool = True) -> None:
-    """``--trust-checkpoint``: the checkpoints this run loads (CHECKPOINT, ``--resume``,
-    ``load_from``, a backbone's ``init_cfg`` file) are unpickled in full, i.e. may run
-    code. Sets ``PACA_MM_TRUST_CHECKPOINTS=1`` for this process (see
-    :func:`safe_torch_load`); does nothing when ``enable`` is false."""
+    """``--trust-checkpoint``: sets ``PACA_MM_TRUST_CHECKPOINTS=1`` in this process."""
     if enable:
         os.environ[TRUST_ENV] = '1'
 
 
-def _numpy_globals() -> List[Any]:
-    """numpy classes/functions needed to unpickle arrays, dtypes and scalars."""
-    import numpy as np
-    try:  # numpy >= 2 moved the private module
-        from numpy._core import multiarray
-    except ImportError:  # numpy 1.x
-        from numpy.core import multiarray
-    kinds = (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
-             np.uint64, np.float16, np.float32, np.float64)
-    dtype_classes = {type(np.dtype(k)) for k in kinds}  # e.g. numpy.dtypes.Float64DType
-    # ``numpy.dtype`` itself stays out of the object-dtype door: an object-dtype
-    # instance can only be completed (BUILD) if its class is allow-listed, which it is not.
-    return [multiarray._reconstruct, multiarray.scalar, np.ndarray, np.dtype,
-            *sorted(dtype_classes, key=lambda c: c.__name__)]
-
-
 def _history_buffer_getattr(obj: Any, name: Any) -> Any:
-    """Stand-in for ``builtins.getattr`` while unpickling.
-
-    A pickled HistoryBuffer stores its statistics methods, which pickle refers to as
-    ``getattr(HistoryBuffer, 'mean')``. Allow-listing the real ``getattr`` would let a
-    checkpoint fetch any attribute of any allowed object (e.g. ``numpy.ndarray.tofile``),
-    so this resolves public *methods of HistoryBuffer* only and rejects everything else.
-    """
+    """``builtins.getattr`` while unpickling, for HistoryBuffer's public methods only (the
+    real one would let a checkpoint fetch any attribute of an allowed object, e.g.
+    ``numpy.ndarray.tofile``)."""
     import inspect
 
     from mmengine.logging import HistoryBuffer
@@ -93,54 +68,37 @@ def _history_buffer_getattr(obj: Any, name: Any) -> Any:
 
 
 def mmengine_checkpoint_globals() -> List[Any]:
-    """The non-tensor globals of mmengine Runner and timm ``CheckpointSaver`` checkpoints.
-
-    A Runner's ``message_hub`` holds :class:`mmengine.logging.HistoryBuffer` objects (numpy
-    arrays of logged scalars, plus its statistics methods, pickled as
-    ``getattr(HistoryBuffer, name)``) and runtime info such as ``best_score`` (a numpy
-    scalar); timm stores its training ``args`` as an ``argparse.Namespace`` (no
-    ``__setstate__``: unpickling only fills its ``__dict__``, whose values go through this
-    same allow-list). Everything else is dicts/lists/strings/numbers and tensors.
-    ``getattr`` is given as ``(restricted function, 'builtins.getattr')`` (see
-    :func:`_history_buffer_getattr`).
-    """
+    """The non-tensor globals of mmengine Runner and timm ``CheckpointSaver`` checkpoints."""
+    import numpy as np
     from mmengine.logging import HistoryBuffer
+    try:  # numpy >= 2 moved the private module
+        from numpy._core import multiarray
+    except ImportError:  # numpy 1.x
+        from numpy.core import multiarray
+    kinds = (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
+             np.uint64, np.float16, np.float32, np.float64)
+    dtype_classes = {type(np.dtype(k)) for k in kinds}  # e.g. numpy.dtypes.Float64DType
+    # ``numpy.dtype`` itself stays out of the object-dtype door: an object-dtype
+    # instance can only be completed (BUILD) if its class is allow-listed, which it is not.
     return [HistoryBuffer, (_history_buffer_getattr, 'builtins.getattr'), argparse.Namespace,
-            *_numpy_globals()]
+            multiarray._reconstruct, multiarray.scalar, np.ndarray, np.dtype,
+            *sorted(dtype_classes, key=lambda c: c.__name__)]
 
 
 def allow_mmengine_checkpoint_globals(extra: Sequence[Any] = ()) -> List[Any]:
-    """Let torch's weights-only ``torch.load`` (default since torch 2.6) read Runner
-    checkpoints; called by ``import paca_mm``.
-
-    mmengine and the toolboxes call ``torch.load(path, map_location=...)`` without
-    ``weights_only``, so with torch >= 2.6 resuming, ``load_from``, ``tools/test.py`` and
-    ``init_model``/``init_detector`` fail with ``Unsupported global: GLOBAL
-    mmengine.logging.history_buffer.HistoryBuffer``. Adding exactly those classes to
-    torch's safe globals keeps the weights-only protection (a checkpoint with any other
-    class is still rejected). The allow-list is process-wide; ``extra`` adds globals a
-    custom hook may store. Returns the globals of the allow-list ([] when torch has no
-    ``add_safe_globals``, i.e. torch < 2.4, where :func:`safe_torch_load` uses its own
-    restricted unpickler).
-    """
-    serialization = torch.serialization
-    if not hasattr(serialization, 'add_safe_globals'):
+    """Add :func:`mmengine_checkpoint_globals` (and ``extra``, e.g. what a custom hook stores)
+    to torch's safe globals; returns them ([] on torch < 2.4, which has no allow-list)."""
+    if not hasattr(torch.serialization, 'add_safe_globals'):
         return []
     allowed = mmengine_checkpoint_globals() + list(extra)
-    current = serialization.get_safe_globals() if hasattr(serialization,
-                                                          'get_safe_globals') else []
-    missing = [g for g in allowed if g not in current]
-    if missing:
-        serialization.add_safe_globals(missing)
+    current = getattr(torch.serialization, 'get_safe_globals', list)()
+    torch.serialization.add_safe_globals([g for g in allowed if g not in current])
     return allowed
 
 
 def _restricted_pickle_module():
-    """For torch < 2.4 (no ``add_safe_globals``): a pickle module whose Unpickler only
-    resolves torch's weights-only globals (tensor rebuild functions, storages, dtypes,
-    ``torch.device``, ``collections.OrderedDict``, ``_codecs.encode`` for bytes) and
-    :func:`mmengine_checkpoint_globals`; every other global (hence every other callable)
-    raises ``UnpicklingError``."""
+    """torch < 2.4: a pickle module resolving torch's weights-only globals and
+    :func:`mmengine_checkpoint_globals` only; any other global raises ``UnpicklingError``."""
     from torch import _weights_only_unpickler
     allowed = dict(_weights_only_unpickler._get_allowed_globals())
     # every dtype and torch.device, as newer torch allows (torch 2.1 lists some dtypes only)
@@ -163,16 +121,14 @@ def _restricted_pickle_module():
                 f'Unsupported global: GLOBAL {full} was not an allowed global')
 
     module = types.ModuleType('paca_mm_restricted_pickle')
-    module.Unpickler = Unpickler
-    module.UnpicklingError = pickle.UnpicklingError
-    module.load = lambda file, **kwargs: Unpickler(file, **kwargs).load()
+    module.__dict__.update(Unpickler=Unpickler, UnpicklingError=pickle.UnpicklingError,
+                           load=lambda file, **kwargs: Unpickler(file, **kwargs).load())
     return module
 
 
 def _refused(message: str):
-    """What a weights-only load refused, from torch's / the restricted unpickler's error:
-    ``(description, True)``, or ``(first line of the error, False)`` if nothing was refused
-    (a corrupt file)."""
+    """``(what was refused, True)`` from a weights-only load's error, or ``(first line of the
+    error, False)`` if nothing was (a corrupt file)."""
     found = re.search(r'GLOBAL (\S+) (was not an allowed global|whose module)', message)
     if found:
         return f'the global {found.group(1)}', True
@@ -188,15 +144,7 @@ def _refused(message: str):
 
 
 def safe_torch_load(f, map_location='cpu', trust: bool = False, source: Optional[str] = None):
-    """``torch.load`` that never unpickles arbitrary objects unless explicitly trusted.
-
-    Tensors, containers, numbers and strings, plus what mmengine Runner checkpoints
-    contain (:func:`mmengine_checkpoint_globals`), load; any other pickled global raises
-    :class:`CheckpointError` naming it. torch >= 2.4: ``weights_only=True`` with the
-    allow-list; older torch: ``torch.load`` with a restricted unpickler. ``trust=True`` or
-    ``PACA_MM_TRUST_CHECKPOINTS=1`` loads with ``weights_only=False`` (arbitrary code can
-    run; only for files you trust).
-    """
+    """``torch.load`` under the policy of this module."""
     source = source or (f if isinstance(f, str) else '<file object>')
     if trust_requested(trust):
         print_log(f'{source}: trusted checkpoint, unpickled in full (weights_only=False)',
@@ -206,8 +154,7 @@ def safe_torch_load(f, map_location='cpu', trust: bool = False, source: Optional
         except (AttributeError, ImportError, pickle.UnpicklingError) as e:
             raise CheckpointError(f'cannot unpickle trusted checkpoint {source!r}: '
                                   f'{type(e).__name__}: {e}') from e
-    if hasattr(torch.serialization, 'add_safe_globals'):
-        allow_mmengine_checkpoint_globals()
+    if allow_mmengine_checkpoint_globals():  # torch >= 2.4
         kwargs = dict(weights_only=True)
     else:
         kwargs = dict(weights_only=False, pickle_module=_restricted_pickle_module())
@@ -227,56 +174,39 @@ def safe_torch_load(f, map_location='cpu', trust: bool = False, source: Optional
 
 
 def _download(url: str) -> str:
-    """Download ``url`` into torch's hub cache (``<hub dir>/checkpoints``) once, as
-    mmengine's http loader does (rank 0 first in a distributed run); returns the path."""
+    """Path of ``url`` cached in ``<torch hub dir>/checkpoints`` (rank 0 downloads first)."""
     from urllib.parse import urlparse
 
     from mmengine.dist import get_dist_info
     from torch.hub import download_url_to_file, get_dir
     cached = osp.join(get_dir(), 'checkpoints', osp.basename(urlparse(url).path))
-
-    def fetch():
-        if not osp.isfile(cached):
-            os.makedirs(osp.dirname(cached), exist_ok=True)
-            download_url_to_file(url, cached, progress=False)
-
     rank, world_size = get_dist_info()
-    if rank == 0:
-        fetch()
-    if world_size > 1:
+    if rank > 0 and world_size > 1:
+        torch.distributed.barrier()  # wait for rank 0
+    if not osp.isfile(cached):
+        os.makedirs(osp.dirname(cached), exist_ok=True)
+        download_url_to_file(url, cached, progress=False)
+    if rank == 0 and world_size > 1:
         torch.distributed.barrier()
-        if rank > 0:
-            fetch()
     return cached
 
 
 def load_from_local(filename, map_location=None):
-    """mmengine ``CheckpointLoader`` scheme for local files (registered by ``import
-    paca_mm``, replacing mmengine's ``torch.load``): :func:`safe_torch_load`."""
+    """mmengine ``CheckpointLoader`` scheme for local files."""
     filename = osp.expanduser(filename)
     if not osp.isfile(filename):
         raise FileNotFoundError(f'{filename} can not be found.')
     return safe_torch_load(filename, map_location)
 
 
-def load_from_http(filename, map_location=None):
-    """mmengine ``CheckpointLoader`` scheme for ``http(s)://``: cached download +
-    :func:`safe_torch_load`."""
-    return safe_torch_load(_download(filename), map_location, source=filename)
+def load_from_http(filename, map_location=None, trust: bool = False):
+    """mmengine ``CheckpointLoader`` scheme for ``http(s)://``."""
+    return safe_torch_load(_download(filename), map_location, trust, source=filename)
 
 
 def install_safe_checkpoint_loading() -> None:
-    """Called by ``import paca_mm``: the toolboxes' own scripts (tools/test.py, ``load_from``,
-    ``--resume``, ``init_model``, ``init_detector``) load checkpoints safely too.
-
-    * torch >= 2.4: :func:`allow_mmengine_checkpoint_globals` (Runner checkpoints load
-      under torch's weights-only default of torch >= 2.6);
-    * any torch: mmengine's ``CheckpointLoader`` schemes for local files and
-      ``http(s)://`` are replaced by :func:`load_from_local` / :func:`load_from_http`
-      (mmengine's own call ``torch.load`` without ``weights_only``, which unpickles
-      anything on torch < 2.6). Other schemes (``s3://``, ``open-mmlab://`` ...) stay
-      mmengine's.
-    """
+    """Called by ``import paca_mm``: the allow-list, and safe ``CheckpointLoader`` schemes for
+    local and ``http(s)://`` files; others (``s3://``, ``open-mmlab://`` ...) stay mmengine's."""
     from mmengine.runner import CheckpointLoader
     allow_mmengine_checkpoint_globals()
     CheckpointLoader.register_scheme(prefixes='', loader=load_from_local, force=True)
@@ -285,18 +215,11 @@ def install_safe_checkpoint_loading() -> None:
 
 
 def load_checkpoint_file(path: str, map_location='cpu', trust: bool = False) -> dict:
-    """Read a checkpoint file (or URL) into a dict, safely and with clear errors.
-
-    Loads weights-only plus the allow-list of mmengine Runner checkpoints (see
-    :func:`safe_torch_load`): official releases, our converter's output and Runner
-    checkpoints load; a file that pickles anything else raises :class:`CheckpointError`
-    naming the refused global, unless ``trust=True`` or ``PACA_MM_TRUST_CHECKPOINTS=1``.
-    ``http(s)://`` files are cached in torch's hub folder; other ``scheme://`` paths are
-    read with ``mmengine.fileio.get``.
-    """
+    """Read a checkpoint file, ``http(s)://`` URL or other ``scheme://`` path (through
+    ``mmengine.fileio.get``) into a dict, with errors that say what to fix."""
     path = str(path)
     if re.match(r'^https?://', path):
-        return safe_torch_load(_download(path), map_location, trust, source=path)
+        return load_from_http(path, map_location, trust)
     if '://' in path and not osp.exists(path):  # s3://, petrel:// ...
         from mmengine.fileio import get
         return safe_torch_load(io.BytesIO(get(path)), map_location, trust, source=path)
@@ -308,9 +231,9 @@ def load_checkpoint_file(path: str, map_location='cpu', trust: bool = False) -> 
             '--checkpoint; PaCaViT never falls back to random weights silently.')
     try:
         return safe_torch_load(path, map_location, trust)
+    except CheckpointError:
+        raise
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
-        if isinstance(e, CheckpointError):
-            raise
         raise CheckpointError(
             f'cannot read checkpoint {path!r} ({osp.getsize(path)} bytes): the file is '
             f'truncated or corrupt, or not a PyTorch checkpoint. Original error: '
