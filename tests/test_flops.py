@@ -139,9 +139,10 @@ def test_zoo_root_in_an_installed_package(get_flops, tmp_path, monkeypatch):
     mim.mkdir(parents=True)
     (mim / 'model-index.yml').write_text('Import: []\n')
     monkeypatch.setattr(get_flops, '__file__', str(tmp_path / 'elsewhere' / 'get_flops.py'))
-    monkeypatch.setattr(get_flops.paca_mm, '__file__', str(mim.parent / '__init__.py'))
+    import paca_mm.apis
+    monkeypatch.setattr(paca_mm.apis, '__file__', str(mim.parent / 'apis.py'))
     assert get_flops.zoo_root() == str(mim)
     assert get_flops.paper_models('Object Detection') == []
     (mim / 'model-index.yml').unlink()
-    with pytest.raises(FileNotFoundError, match='model-index.yml not found'):
+    with pytest.raises(FileNotFoundError, match='model-index.yml is neither in'):
         get_flops.zoo_root()

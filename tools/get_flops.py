@@ -179,13 +179,11 @@ def print_result(res: Dict, name: str):
 
 def zoo_root() -> str:
     """The folder with model-index.yml and configs/: the one above this script (a checkout,
-    or paca_mm/.mim of an installed package), else the installed package's paca_mm/.mim."""
-    for root in (osp.dirname(osp.dirname(osp.abspath(__file__))),
-                 osp.join(osp.dirname(osp.abspath(paca_mm.__file__)), '.mim')):
-        if osp.isfile(osp.join(root, 'model-index.yml')):
-            return root
-    raise FileNotFoundError('model-index.yml not found beside tools/ nor in paca_mm/.mim: run '
-                            'from a checkout or from a pip-installed paca_mm')
+    or paca_mm/.mim where mim runs the tool), else the imported package's
+    (:func:`paca_mm.apis.zoo_root`)."""
+    from paca_mm.apis import zoo_root as package_zoo_root
+    here = osp.dirname(osp.dirname(osp.abspath(__file__)))
+    return here if osp.isfile(osp.join(here, 'model-index.yml')) else package_zoo_root()
 
 
 def paper_models(task: str) -> List[Dict]:
