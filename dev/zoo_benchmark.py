@@ -4,8 +4,8 @@
 For each config (ours, or a toolbox's zoo config written ``mmseg::segformer/....py`` /
 ``mmdet::swin/....py``, i.e. under that package's ``.mim/configs``), in one process:
 
-* the model is built from the config without weights (random init; SyncBN as BN where
-  CUDA is absent, :func:`paca_mm.engine.cpu.adapt_cfg_to_device`);
+* the model is built from the config without weights (random init, SyncBN as BN:
+  :func:`paca_mm.visualization.inference.build_model`);
 * inference latency (median of ``--rounds``; models and engines round-robin, each timed run
   right after ``--settle`` untimed runs of the same model and engine) in every ``--engine``
   (``eager``, ``compile``, ``onnxruntime``, as in ``dev/benchmark.py``), of
@@ -113,31 +113,21 @@ def published(path):
 
 
 def build(path, device):
-    """(model in eval mode, task 'seg' or 'det') from a config, without weights."""
-    import paca_mm  # noqa: F401  (PaCaViT, heads, FLOP handles)
-    from mmengine.config import Config
-    from mmengine.registry import DefaultScope, init_default_scope
-    from mmengine.utils import import_modules_from_strings
-
-    from paca_mm.engine.cpu import adapt_cfg_to_device
-    cfg = Config.fromfile(path)
-    if cfg.get('custom_imports'):
-        import_modules_from_strings(**cfg.custom_imports)
+    """(model in eval mode, task 'seg' or 'det') from a config, randomly initialised
+    (:func:`paca_mm.visualization.inference.build_model`: pretrained weights not loaded,
+    SyncBN as BN)."""
+    from paca_mm.visualization.inference import build_model, load_config
+    cfg = load_config(path)
     scope = cfg.get('default_scope')
     if scope not in ('mmseg', 'mmdet'):
         raise ValueError(f'{path}: default_scope {scope!r}; need an mmseg or mmdet config')
-    adapt_cfg_to_device(cfg, cuda=device.startswith('cuda'))
     task = 'seg' if scope == 'mmseg' else 'det'
     if task == 'det':  # keep max_per_img detections whatever the (random) scores
         test_cfg = cfg.model.test_cfg
         for stage in (test_cfg.get('rcnn'), test_cfg):
             if stage is not None and 'score_thr' in stage:
                 stage.score_thr = 0.
-    init_default_scope(scope)
-    registry = importlib.import_module(f'{scope}.registry').MODELS
-    with DefaultScope.overwrite_default_scope(scope):
-        model = registry.build(cfg.model)  # no init_weights(): nothing is downloaded
-    return model.to(device).eval(), task
+    return build_model(cfg, device=device), task
 
 
 def det_predict(model, shape, device):
