@@ -119,9 +119,9 @@ def ort_session(path, threads, profile_prefix=None):
 
 
 class OnnxRuntimeModel:
-    """``model`` exported with ``torch.onnx`` for one input shape, run by ONNX Runtime on
-    the CPU with ``threads`` intra-op threads (all graph optimisations on); with ``profile``
-    also ``profiled``, a session of the same graph with ONNX Runtime's profiling on."""
+    """``model`` exported with ``torch.onnx`` for one input shape, run by an
+    :func:`ort_session`; with ``profile`` also ``profiled``, a second session of the same
+    graph that records a profiling trace (the timed one runs without its overhead)."""
 
     def __init__(self, model, shape, threads, folder, profile=False):
         from paca_mm.deployment import exporter_kwargs
@@ -130,8 +130,6 @@ class OnnxRuntimeModel:
             torch.onnx.export(model, (torch.randn(*shape), ), path, input_names=['x'],
                               opset_version=17, **exporter_kwargs())
         self.session = ort_session(path, threads)
-        # a second session of the same graph that records a trace (enable_profiling), so
-        # that the timed one runs without the profiler's overhead
         self.profiled = ort_session(path, threads, osp.join(folder, 'ort_profile')) \
             if profile else None
         os.remove(path)

@@ -228,6 +228,7 @@ def ort_op_profile(session, x, top):
 
 
 def top_ops(times, total, top):
+    """{'ms': total, 'ops': the ``top`` {op: ms} ``times`` as [op, ms, share of total]}."""
     ops = sorted(times.items(), key=lambda kv: kv[1], reverse=True)[:top]
     return dict(ms=total, ops=[[op, ms, ms / (total or 1)] for op, ms in ops])
 

@@ -137,5 +137,7 @@ def test_profile_by_op_type_eager_and_onnxruntime(zoo_configs, tmp_path, load_to
     assert {'Conv', 'MatMul', 'Softmax'} <= set(names) and len(names) == len(set(names))
     assert all(ms > 0 and share == pytest.approx(ms / ort['ms']) for _, ms, share in ort['ops'])
     assert 0.5 * ort['ms'] < sum(ms for _, ms, _ in ort['ops']) <= ort['ms'] * 1.001
+    md = load_tool('dev/zoo_chart').main([str(out)])
+    assert '- tools_tiny_seg, logits, onnxruntime, top op types by time: ' in md
     top = zoo.top_ops({'a': 1., 'b': 3., 'c': 2.}, 8., 2)
     assert top == dict(ms=8., ops=[['b', 3., 0.375], ['c', 2., 0.25]])
