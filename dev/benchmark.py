@@ -101,26 +101,37 @@ def build(name, device):
     return model
 
 
+def ort_session(path, threads, profile_prefix=None):
+    """An ONNX Runtime CPU session of the model file at ``path``: ``threads`` intra-op threads,
+    all graph optimisations on; it writes a profiling trace under ``profile_prefix`` if given."""
+    import onnxruntime as ort
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # no busy-waiting threads after a run: they would take the cores from the model
+    # timed next (another model or engine) on a machine with few cores
+    opts.add_session_config_entry('session.intra_op.allow_spinning', '0')
+    if profile_prefix:
+        opts.enable_profiling = True
+        opts.profile_file_prefix = profile_prefix
+    return ort.InferenceSession(path, opts, providers=['CPUExecutionProvider'])
+
+
 class OnnxRuntimeModel:
-    """``model`` exported with ``torch.onnx`` for one input shape, run by ONNX Runtime on
-    the CPU with ``threads`` intra-op threads (all graph optimisations on)."""
+    """``model`` exported with ``torch.onnx`` for one input shape, run by an
+    :func:`ort_session`; with ``profile`` also ``profiled``, a second session of the same
+    graph that records a profiling trace (the timed one runs without its overhead)."""
 
-    def __init__(self, model, shape, threads, folder):
-        import onnxruntime as ort
-
+    def __init__(self, model, shape, threads, folder, profile=False):
         from paca_mm.deployment import exporter_kwargs
         path = osp.join(folder, 'model.onnx')
         with torch.no_grad():
             torch.onnx.export(model, (torch.randn(*shape), ), path, input_names=['x'],
                               opset_version=17, **exporter_kwargs())
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        # no busy-waiting threads after a run: they would take the cores from the model
-        # timed next (another model or engine) on a machine with few cores
-        opts.add_session_config_entry('session.intra_op.allow_spinning', '0')
-        self.session = ort.InferenceSession(path, opts, providers=['CPUExecutionProvider'])
+        self.session = ort_session(path, threads)
+        self.profiled = ort_session(path, threads, osp.join(folder, 'ort_profile')) \
+            if profile else None
         os.remove(path)
 
     def __call__(self, x):

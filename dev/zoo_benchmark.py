@@ -39,6 +39,7 @@ import json
 import os
 import os.path as osp
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -154,7 +155,8 @@ def runners(model, task, shape, args, folder):
         try:
             if e == 'onnxruntime':  # static export: fixed-grid pools written out
                 fn = bench.OnnxRuntimeModel(export_module(_with_fixed_size_pools(model), kind),
-                                            (1, 3) + shape, args.threads, folder)
+                                            (1, 3) + shape, args.threads, folder,
+                                            profile=bool(args.profile))
             else:
                 fn = bench.engine_model(e, module, None, args, folder)
             out[part][e] = fn
@@ -182,17 +184,43 @@ def complexity(model, task, shape, device):
 
 
 def op_profile(fn, x, device, amp, top):
-    """The ``top`` op types by self time in one eager inference (torch.profiler's
-    ``key_averages``, grouped by op): [op, self ms, share of the total]."""
+    """Op types of one eager inference by self time (torch.profiler's ``key_averages``):
+    {'ms': the self times' sum, 'ops': the ``top`` as [op, self ms, share of ms]}."""
     from torch.profiler import ProfilerActivity, profile
     cuda = device.startswith('cuda')
     with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
                  ) as prof:
         bench.time_forward(fn, x, device, amp)
     attr = 'self_cuda_time_total' if cuda else 'self_cpu_time_total'
-    events = sorted(prof.key_averages(), key=lambda e: getattr(e, attr), reverse=True)
-    total = sum(getattr(e, attr) for e in events) or 1
-    return [[e.key, getattr(e, attr) / 1e3, getattr(e, attr) / total] for e in events[:top]]
+    times = {e.key: getattr(e, attr) / 1e3 for e in prof.key_averages()}
+    return top_ops(times, sum(times.values()), top)
+
+
+def ort_op_profile(session, x, top):
+    """Op types of one ONNX Runtime inference by time, from the trace of ``session`` (made
+    with ``enable_profiling``; ended here): the node events' ``dur`` summed by
+    ``args.op_name`` within the last of three runs (two warm up). {'ms': the run's
+    time (its ``model_run`` event), 'ops': the ``top`` as [op, ms, share of ms]}."""
+    for _ in range(3):
+        session.run(None, {'x': x.numpy()})
+    path = session.end_profiling()
+    with open(path) as f:
+        events = json.load(f)
+    os.remove(path)
+    run = [e for e in events if e.get('cat') == 'Session' and e['name'] == 'model_run'][-1]
+    times = {}
+    for e in events:
+        if e.get('cat') == 'Node' and e['name'].endswith('_kernel_time') and \
+                run['ts'] <= e['ts'] <= run['ts'] + run['dur']:
+            op = e['args']['op_name']
+            times[op] = times.get(op, 0.) + e['dur'] / 1e3
+    return top_ops(times, run['dur'] / 1e3, top)
+
+
+def top_ops(times, total, top):
+    """{'ms': total, 'ops': the ``top`` {op: ms} ``times`` as [op, ms, share of total]}."""
+    ops = sorted(times.items(), key=lambda kv: kv[1], reverse=True)[:top]
+    return dict(ms=total, ops=[[op, ms, ms / (total or 1)] for op, ms in ops])
 
 
 def memory_worker(path, shape, device, amp):
@@ -282,9 +310,11 @@ def run(models, args):
         print(f'round {r + 1}/{args.rounds} done', flush=True)
     for (i, part, e), ts in times.items():
         records[i]['ms'][part][e] = 1000 * statistics.median(ts)
-        if args.profile and e == 'eager':
-            records[i].setdefault('profile', {})[part] = op_profile(
-                fns[i, part, e], records[i]['_x'], args.device, args.amp, args.profile)
+        if args.profile and e in ('eager', 'onnxruntime'):
+            fn, x = fns[i, part, e], records[i]['_x']
+            records[i].setdefault('profile', {}).setdefault(part, {})[e] = \
+                op_profile(fn, x, args.device, args.amp, args.profile) if e == 'eager' else \
+                ort_op_profile(fn.profiled, x, args.profile)
     for rec in records:
         shape = tuple(int(v) for v in rec['size'].split('x'))
         rec['mem_mb'] = None if args.skip_memory else measure_memory(rec.pop('_path'), shape,
@@ -294,7 +324,7 @@ def run(models, args):
         print(f"{rec['model']}: {json.dumps(rec['ms'])}; mem {rec['mem_mb']} MB; "
               f"{rec['params_m']:.1f} M params; {rec['gmacs']} GMACs; {rec['published']}"
               + (f"; errors {rec['errors']}" if rec['errors'] else ''), flush=True)
-    os.rmdir(folder)
+    shutil.rmtree(folder, ignore_errors=True)  # (the trace of a failed profiled session)
     return records
 
 
@@ -425,8 +455,9 @@ def main(argv=None):
                    help='HxW for every model (default 512x512 seg, 800x1344 det)')
     p.add_argument('--skip-memory', action='store_true')
     p.add_argument('--profile', type=int, default=0, metavar='TOP',
-                   help='also profile one eager inference per model and part: its TOP op '
-                   'types by self time (torch.profiler key_averages)')
+                   help='also profile one inference per model, part and engine: its TOP op '
+                   'types by time (eager: torch.profiler self time; onnxruntime: its '
+                   'profiling trace)')
     p.add_argument('--out', default='work_dirs/zoo_benchmark/zoo.json')
     p.add_argument('--official', metavar='PATH',
                    help='instead: paca_mm against the official PaCa-Small at PATH (a checkout '

@@ -132,9 +132,11 @@ def markdown(records, settings):
                          + f" | {num(r['params_m'])} | {num(r['gmacs'])} "
                          f"| {num(r['mem_mb'], 0)} | " + ' | '.join(cells) + ' |')
         for r in rows:
-            for part, ops in r.get('profile', {}).items():
-                lines.append(f"- {r['model']}, {part}, eager, top ops by self time: " + ', '.join(
-                    f'{op} {ms:.0f} ms ({100 * share:.0f}%)' for op, ms, share in ops))
+            for part, engines in r.get('profile', {}).items():
+                for e, prof in engines.items():
+                    lines.append(f"- {r['model']}, {part}, {e}, top op types by time: "
+                                 + ', '.join(f'{op} {ms:.0f} ms ({100 * share:.0f}%)'
+                                             for op, ms, share in prof['ops']))
         errors = [f"{r['model']} {k}: {v}" for r in rows for k, v in r['errors'].items()]
         lines += [''] + [f'- not measured: {e}' for e in errors] + ([''] if errors else [])
     return '\n'.join(lines)

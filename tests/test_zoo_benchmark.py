@@ -116,3 +116,28 @@ def test_front_gaps(load_tool):
                              ('d', 40., 45.)])
     # c: b is faster and more accurate; d: b is as accurate and faster
     assert gaps == {'a': 1.0, 'b': 1.0, 'c': 1.5, 'd': 2.0}
+
+
+def test_profile_by_op_type_eager_and_onnxruntime(zoo_configs, tmp_path, load_tool):
+    """``--profile``: op types of the eager run (torch.profiler) and of the ONNX Runtime run
+    (its trace); the ORT node times of one run add up to most of that run's own time (not
+    more: a second run or the session set-up counted in would exceed it)."""
+    pytest.importorskip('onnxruntime')
+    zoo = load_tool('dev/zoo_benchmark')
+    out = tmp_path / 'zoo.json'
+    # 128x128: at 64x64 the executor's few microseconds between nodes are a third of the run
+    zoo.main([zoo_configs[0], '--size', '128x128', '--engine', 'eager', 'onnxruntime',
+              '--rounds', '1', '--warmup', '0', '--settle', '0', '--skip-memory',
+              '--threads', '1', '--profile', '1000', '--out', str(out)])
+    rec = json.loads(out.read_text())['records'][0]
+    assert not rec['errors']
+    eager, ort = rec['profile']['logits']['eager'], rec['profile']['logits']['onnxruntime']
+    assert any(op.startswith('aten::') for op, _, _ in eager['ops'])
+    names = [op for op, _, _ in ort['ops']]
+    assert {'Conv', 'MatMul', 'Softmax'} <= set(names) and len(names) == len(set(names))
+    assert all(ms > 0 and share == pytest.approx(ms / ort['ms']) for _, ms, share in ort['ops'])
+    assert 0.5 * ort['ms'] < sum(ms for _, ms, _ in ort['ops']) <= ort['ms'] * 1.001
+    md = load_tool('dev/zoo_chart').main([str(out)])
+    assert '- tools_tiny_seg, logits, onnxruntime, top op types by time: ' in md
+    top = zoo.top_ops({'a': 1., 'b': 3., 'c': 2.}, 8., 2)
+    assert top == dict(ms=8., ops=[['b', 3., 0.375], ['c', 2., 0.25]])
