@@ -168,27 +168,43 @@ class Lane:
                                        f'(tests/_fixture_lane.py):\n{_tail(err, 8000)}')
                 if dead:
                     self.failed.add(name)
+                    building = self._building()
                     raise RuntimeError(
                         f'the fixture lane (tests/_fixture_lane.py, pid {self.proc.pid}) exited '
-                        f'with status {self.proc.returncode} without building {name}; the end '
-                        f'of its log {self.log}:\n{_tail(self.log)}')
+                        f'with status {self.proc.returncode} without building {name}; its log:'
+                        f'\n{_tail(self.log)}' + (building and (
+                            f'\nthe end of the output of {building}, the fixture it was '
+                            f'building:\n' + _tail(osp.join(self.dir, f'{building}.log')))))
                 time.sleep(poll)
         finally:
             self.waited[name] = self.waited.get(name, 0.0) + time.time() - start
 
+    def _building(self):
+        """The fixture the lane started last ('' if none)."""
+        started = [n for n in self.names if osp.exists(osp.join(self.dir, f'{n}.log'))]
+        return started[-1] if started else ''
+
+    def _group_alive(self):
+        self.proc.poll()                          # a zombie child would count as alive
+        try:
+            os.killpg(self.proc.pid, 0)
+        except OSError:
+            return False
+        return True
+
     def stop(self):
-        """End the child (and the tools it runs) if still running; remove the lane's folder."""
-        if self.proc.poll() is None:
-            for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-                try:
-                    os.killpg(self.proc.pid, sig)
-                except OSError:
-                    pass
-                try:
-                    self.proc.wait(wait)
-                    break
-                except subprocess.TimeoutExpired:
-                    pass
+        """End the child and the tools it runs (its process group) if still running; remove
+        the lane's folder."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if not self._group_alive():
+                break
+            try:
+                os.killpg(self.proc.pid, sig)
+            except OSError:
+                break
+            deadline = time.time() + 10
+            while time.time() < deadline and self._group_alive():
+                time.sleep(0.1)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -200,20 +216,33 @@ def _write_atomic(path, text):
 
 
 def main(lane_dir, names):
-    """The child: build ``names`` one after another into ``lane_dir``."""
+    """The child: build ``names`` one after another into ``lane_dir``. Its own output (the
+    lane's log) is one line per fixture; a builder's output goes to ``NAME.log``."""
+    log = os.fdopen(os.dup(1), 'w')
     for name in names:
         start = time.time()
+        print(f'fixture lane: building {name} (output: {name}.log)', file=log, flush=True)
+        out = os.open(osp.join(lane_dir, f'{name}.log'), os.O_WRONLY | os.O_CREAT, 0o644)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.close(out)
         try:
             base = osp.join(lane_dir, name)
             os.makedirs(base)
             value = BUILDERS[name](base)
             text = json.dumps(dict(value=value, seconds=round(time.time() - start, 1)))
         except Exception:
-            print(f'fixture lane: {name} FAILED after {time.time() - start:.1f} s', flush=True)
+            traceback.print_exc()
             _write_atomic(osp.join(lane_dir, f'{name}.error'), traceback.format_exc())
+            print(f'fixture lane: {name} FAILED after {time.time() - start:.1f} s', file=log,
+                  flush=True)
             continue
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
         _write_atomic(osp.join(lane_dir, f'{name}.json'), text)
-        print(f'fixture lane: {name} built in {time.time() - start:.1f} s', flush=True)
+        print(f'fixture lane: {name} built in {time.time() - start:.1f} s', file=log,
+              flush=True)
 
 
 if __name__ == '__main__':
