@@ -168,7 +168,8 @@ def _heavy_fixture(name, tmp_path_factory):
         try:
             return lane.result(name)
         except RuntimeError as e:
-            pytest.fail(str(e), pytrace=False)
+            message = str(e)
+        pytest.fail(message, pytrace=False)      # outside the except: no chained traceback
     import time
     start = time.time()
     try:
