@@ -118,6 +118,10 @@ _lane_module = _load_fixture_lane()
 _LANE = dict(lane=None, inline={})       # the running Lane; {name: seconds} of inline builds
 
 
+def pytest_sessionstart(session):
+    _LANE.update(lane=None, inline={})
+
+
 def pytest_collection_finish(session):
     """Start the fixture lane for the heavy fixtures the collected tests use, in the order of
     their first use (``PACA_MM_FIXTURE_LANE=0``: build them inline)."""
@@ -193,7 +197,7 @@ def installed_paca_mm(tmp_path_factory):
 @pytest.fixture(scope='session')
 def demo_det(tmp_path_factory):
     """demo.det.run's result: the detection demo trained for 150 iterations on 120
-    generated images (~2 min on 2 cores), AP on 24, also of the untrained detector. Each tool
+    generated images (~2 min on 1 core), AP on 24, also of the untrained detector. Each tool
     runs on 1 thread (it used 2 before the fixture lane, which builds the fixtures on the core
     the tests leave idle): the accuracy floor of tests/test_det_e2e.py was measured with 1
     thread."""
