@@ -157,7 +157,7 @@ def pytest_terminal_summary(terminalreporter):
         for name in lane.names:
             built = lane.built.get(name)
             state = ('failed' if name in lane.failed else
-                     'not built' if built is None else f'built in {built:.1f} s')
+                     'result not read' if built is None else f'built in {built:.1f} s')
             waited = lane.waited.get(name)
             write(f'  {name}: {state}; tests waited '
                   + ('never (unused)' if waited is None else f'{waited:.1f} s'))
