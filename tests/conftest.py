@@ -98,9 +98,89 @@ def grad_errors():
     return _relative_grad_errors
 
 
-# the files of a clone that building the package reads (setup.py, MANIFEST.in)
-PACKAGE_SOURCE = ('setup.py', 'MANIFEST.in', 'README.md', 'LICENSE', 'CITATION.cff',
-                  'model-index.yml', 'requirements', 'configs', 'tools', 'paca_mm')
+def _load_fixture_lane():
+    """tests/_fixture_lane.py (by path: in importlib mode tests/ is not on ``sys.path``)."""
+    import importlib.util
+    name = '_paca_mm_fixture_lane'
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, os.path.join(os.path.dirname(os.path.abspath(__file__)), '_fixture_lane.py'))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+_lane_module = _load_fixture_lane()
+
+# The heavy session fixtures (tests/_fixture_lane.py): built in a background process while
+# the tests run ("the fixture lane"), or inline where no lane runs.
+_LANE = dict(lane=None, inline={})       # the running Lane; {name: seconds} of inline builds
+
+
+def pytest_sessionstart(session):
+    _LANE.update(lane=None, inline={})
+
+
+def pytest_collection_finish(session):
+    """Start the fixture lane for the heavy fixtures the collected tests use, in the order of
+    their first use (``PACA_MM_FIXTURE_LANE=0``: build them inline)."""
+    if session.config.option.collectonly or os.environ.get('PACA_MM_FIXTURE_LANE') == '0':
+        return
+    names = []
+    for item in session.items:
+        for name in getattr(item, 'fixturenames', ()):
+            if name in _lane_module.BUILDERS and name not in names:
+                names.append(name)
+    if names:
+        try:
+            _LANE['lane'] = _lane_module.Lane(names, dict(os.environ))
+        except OSError as e:       # no lane: the fixtures build inline
+            import warnings
+            warnings.warn(f'the fixture lane did not start ({e}); heavy fixtures build inline')
+
+
+def pytest_sessionfinish(session):
+    lane = _LANE['lane']
+    if lane is not None:
+        lane.stop()
+
+
+def pytest_terminal_summary(terminalreporter):
+    lane, inline = _LANE['lane'], _LANE['inline']
+    if lane is None and not inline:
+        return
+    write = terminalreporter.write_line
+    terminalreporter.section('heavy session fixtures (tests/_fixture_lane.py)')
+    if lane is not None:
+        write(f'fixture lane order: {", ".join(lane.names)}')
+        for name in lane.names:
+            built = lane.built.get(name)
+            state = ('failed' if name in lane.failed else
+                     'result not read' if built is None else f'built in {built:.1f} s')
+            waited = lane.waited.get(name)
+            write(f'  {name}: {state}; tests waited '
+                  + ('never (unused)' if waited is None else f'{waited:.1f} s'))
+    for name, secs in inline.items():
+        write(f'  {name}: built inline in {secs:.1f} s')
+
+
+def _heavy_fixture(name, tmp_path_factory):
+    """The value of heavy fixture ``name``: from the lane if it builds it, else built now."""
+    lane = _LANE['lane']
+    if lane is not None and name in lane.names:
+        try:
+            return lane.result(name)
+        except RuntimeError as e:
+            message = str(e)
+        pytest.fail(message, pytrace=False)      # outside the except: no chained traceback
+    import time
+    start = time.time()
+    try:
+        value = _lane_module.BUILDERS[name](tmp_path_factory.mktemp(name))
+    finally:
+        _LANE['inline'][name] = time.time() - start
+    return _lane_module.decode(name, value)
 
 
 @pytest.fixture(scope='session')
@@ -109,24 +189,7 @@ def installed_paca_mm(tmp_path_factory):
     copied, then ``pip install --no-deps --no-build-isolation --target`` into a throwaway
     folder (not the venv), which is returned. With ``PYTHONPATH=<it>`` Python and openmim
     use that copy (its configs, tools and model index under ``paca_mm/.mim``)."""
-    import shutil
-    import subprocess
-    base = tmp_path_factory.mktemp('paca_mm_install')
-    src, target = base / 'src', base / 'site'
-    src.mkdir()
-    ignore = shutil.ignore_patterns('__pycache__', '*.pyc', '*.so', '.mim', '*.egg-info')
-    for name in PACKAGE_SOURCE:
-        path = os.path.join(ROOT, name)
-        if os.path.isdir(path):
-            shutil.copytree(path, str(src / name), ignore=ignore)
-        else:
-            shutil.copy(path, str(src / name))
-    proc = subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', '--no-deps',
-                           '--no-build-isolation', '--target', str(target), str(src)],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          universal_newlines=True, timeout=300)
-    assert proc.returncode == 0, f'pip install of the checkout failed:\n{proc.stdout[-4000:]}'
-    return target
+    return _heavy_fixture('installed_paca_mm', tmp_path_factory)
 
 
 # The CPU demos, trained once per test session through tools/train.py and evaluated through
@@ -134,27 +197,18 @@ def installed_paca_mm(tmp_path_factory):
 @pytest.fixture(scope='session')
 def demo_det(tmp_path_factory):
     """demo.det.run's result: the detection demo trained for 150 iterations on 120
-    generated images (~2 min on 2 cores), AP on 24, also of the untrained detector."""
-    from demo import det
-    tmp = tmp_path_factory.mktemp('demo_det')
-    return det.run(str(tmp / 'det'), iters=150, data_root=str(tmp / 'data'), num_train=120,
-                   num_val=24, baseline=True, threads=2, timeout=600)
-
-
-# A smaller budget than the seg demo (128 px, 300 iterations): about 45 s of CPU.
-# Measured (1 thread, busy 2-core box, 46 s wall): mIoU 54.2, per class 75.6 / 45.0 / 52.6 /
-# 43.6, chance 18.9.
-DEMO_SEG = dict(iters=160, num_train=96, num_val=24, img_size=64)
+    generated images (~2 min on 1 core), AP on 24, also of the untrained detector. Each tool
+    runs on 1 thread (it used 2 before the fixture lane, which builds the fixtures on the core
+    the tests leave idle): the accuracy floor of tests/test_det_e2e.py was measured with 1
+    thread."""
+    return _heavy_fixture('demo_det', tmp_path_factory)
 
 
 @pytest.fixture(scope='session')
 def demo_seg(tmp_path_factory):
     """demo.seg.run's result for ``DEMO_SEG`` (64 px images, 160 iterations) and its
     ``img_size``."""
-    from demo.seg import run
-    tmp = tmp_path_factory.mktemp('demo_seg')
-    return dict(run(work_dir=str(tmp / 'seg'), data_root=str(tmp / 'data'), timeout=600,
-                    threads=1, **DEMO_SEG), img_size=DEMO_SEG['img_size'])
+    return _heavy_fixture('demo_seg', tmp_path_factory)
 
 
 @pytest.fixture(scope='session')
@@ -162,23 +216,7 @@ def demo_cls(tmp_path_factory):
     """The classification demo config trained for 2 epochs on 8 generated images per class
     (tools/train.py, cluster hook every 2 iterations): dict(work_dir, checkpoint, options
     (the ``--cfg-options`` for both tools), cwd, output (the tool's output))."""
-    import subprocess
-    tmp = tmp_path_factory.mktemp('demo_cls')
-    data_root = str(tmp / 'data')
-    opts = [f'{split}_dataloader.dataset.{k}' for split in ('train', 'val', 'test')
-            for k in (f'data_root={data_root}', 'train_per_class=8')]
-    opts += ['train_cfg.max_epochs=2', 'train_cfg.val_interval=2',
-             'default_hooks.checkpoint.interval=2', 'custom_hooks.0.interval=2']
-    work_dir = str(tmp / 'work')
-    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=ROOT)
-    proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, 'tools', 'train.py'),
-         os.path.join(ROOT, 'demo', 'configs', 'paca_tiny_synthetic_cls.py'), '--work-dir',
-         work_dir, '--cfg-options'] + opts,
-        cwd=str(tmp), env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return dict(work_dir=work_dir, checkpoint=os.path.join(work_dir, 'epoch_2.pth'),
-                options=opts, cwd=str(tmp), output=proc.stdout + proc.stderr)
+    return _heavy_fixture('demo_cls', tmp_path_factory)
 
 
 @pytest.fixture(scope='session')
@@ -187,9 +225,4 @@ def gpu_check_dry_run(tmp_path_factory):
     PaCa-Tiny and PVTv2-B2 at 64², fp32 and AMP, the whole-model benchmark, one AMP training
     iteration): dict(proc, out (its output folder)). Its benchmark runs also serve the
     benchmark tool's table tests."""
-    import subprocess
-    out = tmp_path_factory.mktemp('gpu_check')
-    proc = subprocess.run(['bash', os.path.join(ROOT, 'dev', 'gpu_check.sh'), '--device', 'cpu',
-                           '--out', str(out)], cwd=ROOT, capture_output=True, text=True,
-                          env=dict(os.environ, PYTHON=sys.executable))
-    return dict(proc=proc, out=out)
+    return _heavy_fixture('gpu_check_dry_run', tmp_path_factory)

@@ -83,13 +83,13 @@ def test_demo_roi_features_do_not_depend_on_memory_format():
 @pytest.mark.slow
 def test_demo_trains_and_beats_untrained(demo_det):
     """A shortened `make demo` detection run (tools/train.py + tools/test.py, ~2 min on
-    2 cores; the session's ``demo_det``) gives COCO bbox and segm AP clearly above the
+    1 core; the session's ``demo_det``) gives COCO bbox and segm AP clearly above the
     untrained detector's, and box + mask AP50 above a floor set from the spread of healthy
     runs.
 
     Training is chaotic: float-level differences (seed, thread count, a numerically equivalent
     rewrite of the backbone) move the result a lot, while a fixed seed and thread count give the
-    same numbers run after run. This recipe with 1 thread (the fixture uses 2), seeds 0-2, with
+    same numbers run after run. This recipe with 1 thread (the fixture's), seeds 0-2, with
     the current code and with an older commit whose backbone computes the same function with
     other kernels (one training step: same losses to 1e-6, same gradients to 0.3%), gave
     bbox_AP50 11.7-15.9 (bbox AP 3.0-5.8), segm_AP50 13.9-19.6 (segm AP 8.2-13.3), and bbox_AP50

@@ -30,7 +30,7 @@ MIN_MIOU, MIN_CLASS_IOU = 40.0, 15.0
 
 @pytest.mark.slow
 def test_seg_demo_beats_chance(demo_seg):
-    """The session's ``demo_seg`` (a shortened demo, see conftest.DEMO_SEG)."""
+    """The session's ``demo_seg`` (a shortened demo, see DEMO_SEG in tests/_fixture_lane.py)."""
     result = demo_seg
     print(json.dumps({k: result[k] for k in ('metrics', 'per_class_iou', 'train_time_s',
                                              'test_time_s')}))
