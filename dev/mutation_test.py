@@ -272,8 +272,10 @@ def run_mutants(mutants: List[Mutant], tests: Optional[List[str]], jobs: int,
     """Test every mutant against ``tests`` (None: the tests of its area, :func:`tests_for`),
     ``jobs`` at a time; print (and append to ``report``) one line each. Returns the counts
     of 'killed', 'survived' and 'timeout'."""
+    # PACA_MM_FIXTURE_LANE=0: no background fixture builds (tests/conftest.py) that `-x`
+    # would throw away, and the killers-first test order is kept
     os.environ.update(OMP_NUM_THREADS='1', PACA_MM_TEST_THREADS='1',
-                      PYTHONDONTWRITEBYTECODE='1')
+                      PYTHONDONTWRITEBYTECODE='1', PACA_MM_FIXTURE_LANE='0')
     for name in PRELOAD:
         __import__(name)
     counts = {'killed': 0, 'survived': 0, 'timeout': 0}
