@@ -208,16 +208,10 @@ class Lane:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _write_atomic(path, text):
-    tmp = path + '.tmp'
-    with open(tmp, 'w') as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def main(lane_dir, names):
     """The child: build ``names`` one after another into ``lane_dir``. Its own output (the
     lane's log) is one line per fixture; a builder's output goes to ``NAME.log``."""
+    from paca_mm.fileio import atomic_write
     log = os.fdopen(os.dup(1), 'w')
     for name in names:
         start = time.time()
@@ -233,14 +227,14 @@ def main(lane_dir, names):
             text = json.dumps(dict(value=value, seconds=round(time.time() - start, 1)))
         except Exception:
             traceback.print_exc()
-            _write_atomic(osp.join(lane_dir, f'{name}.error'), traceback.format_exc())
+            atomic_write(traceback.format_exc(), osp.join(lane_dir, f'{name}.error'))
             print(f'fixture lane: {name} FAILED after {time.time() - start:.1f} s', file=log,
                   flush=True)
             continue
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
-        _write_atomic(osp.join(lane_dir, f'{name}.json'), text)
+        atomic_write(text, osp.join(lane_dir, f'{name}.json'))
         print(f'fixture lane: {name} built in {time.time() - start:.1f} s', file=log,
               flush=True)
 
