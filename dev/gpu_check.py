@@ -45,8 +45,9 @@ PLANS = {
                  sizes=['512', '800x1280'], repeats=20, warmup=5, iters=30, images=(64, 8),
                  zoo=dict(configs=[], engines=(['eager', 'compile'], ['eager']), rounds=10,
                           extra=[])),
+    # the dry run: 1 thread (it checks the path, not the speed; CI runs it beside other tests)
     'cpu': dict(models=['paca_tiny', 'pvt_v2_b2'], sizes=['64'], repeats=1, warmup=0, iters=1,
-                images=(4, 1),
+                images=(4, 1), threads=1,
                 zoo=dict(configs=[
                     'configs/paca_head/pacahead_pacavit_tiny_p2cconv_100_0_512x512_160k_'
                     'ade20k.py',
@@ -75,6 +76,10 @@ def run_step(name, cmd, log_path):
     return seconds
 
 
+def _threads(plan):
+    return ['--threads', str(plan['threads'])] if plan.get('threads') else []
+
+
 def benchmark(device, plan, out, amp):
     """dev/benchmark.py's rows (its CSV) for one precision, and the seconds it took."""
     tag = 'amp' if amp else 'fp32'
@@ -82,7 +87,7 @@ def benchmark(device, plan, out, amp):
     cmd = [sys.executable, 'dev/benchmark.py', '--device', device,
            '--models', *plan['models'], '--sizes', *plan['sizes'],
            '--repeats', str(plan['repeats']), '--warmup', str(plan['warmup']),
-           '--out', bench_out] + (['--amp'] if amp else [])
+           '--out', bench_out] + (['--amp'] if amp else []) + _threads(plan)
     seconds = run_step(f'benchmark ({tag})', cmd, osp.join(out, f'benchmark_{tag}.log'))
     with open(osp.join(bench_out, 'benchmark.csv'), newline='') as f:
         return list(csv.DictReader(f)), seconds
@@ -95,7 +100,7 @@ def zoo(device, plan, out, amp):
     path = osp.join(out, f'zoo_{tag}.json')
     cmd = [sys.executable, 'dev/zoo_benchmark.py', *z['configs'], '--device', device,
            '--engine', *z['engines'][amp], '--rounds', str(z['rounds']), *z['extra'],
-           '--out', path] + (['--amp'] if amp else [])
+           '--out', path] + (['--amp'] if amp else []) + _threads(plan)
     seconds = run_step(f'whole models ({tag})', cmd, osp.join(out, f'zoo_{tag}.log'))
     with open(path) as f:
         data = json.load(f)

@@ -216,10 +216,9 @@ def main(lane_dir, names):
     for name in names:
         start = time.time()
         print(f'fixture lane: building {name} (output: {name}.log)', file=log, flush=True)
-        out = os.open(osp.join(lane_dir, f'{name}.log'), os.O_WRONLY | os.O_CREAT, 0o644)
-        os.dup2(out, 1)
-        os.dup2(out, 2)
-        os.close(out)
+        with open(osp.join(lane_dir, f'{name}.log'), 'wb') as out:
+            os.dup2(out.fileno(), 1)
+            os.dup2(out.fileno(), 2)
         try:
             base = osp.join(lane_dir, name)
             os.makedirs(base)

@@ -115,11 +115,22 @@ _lane_module = _load_fixture_lane()
 
 # The heavy session fixtures (tests/_fixture_lane.py): built in a background process while
 # the tests run ("the fixture lane"), or inline where no lane runs.
-_LANE = dict(lane=None, inline={})       # the running Lane; {name: seconds} of inline builds
+_LANE = dict(lane=None, inline={}, threads=None)  # the Lane; {name: seconds} of inline builds;
+# the test process's torch threads, while the lane runs with one of the two cores
 
 
 def pytest_sessionstart(session):
-    _LANE.update(lane=None, inline={})
+    _LANE.update(lane=None, inline={}, threads=None)
+
+
+def pytest_runtest_setup(item):
+    """While the lane builds, this process computes on one thread: two processes of two
+    threads each on 2 cores stall each other's parallel regions (measured: the suite took
+    longer than without a lane). The usual thread count is back once the lane is done."""
+    lane, threads = _LANE['lane'], _LANE['threads']
+    if threads is not None and lane.proc.poll() is not None:
+        torch.set_num_threads(threads)
+        _LANE['threads'] = None
 
 
 def _uses_lane(item) -> bool:
@@ -146,6 +157,8 @@ def pytest_collection_finish(session):
     if names:
         try:
             _LANE['lane'] = _lane_module.Lane(names, dict(os.environ))
+            _LANE['threads'] = torch.get_num_threads()
+            torch.set_num_threads(1)
         except OSError as e:       # no lane: the fixtures build inline
             import warnings
             warnings.warn(f'the fixture lane did not start ({e}); heavy fixtures build inline')
