@@ -133,6 +133,10 @@ def pytest_runtest_setup(item):
         _LANE['threads'] = None
 
 
+def _lane_wanted(config) -> bool:
+    return not config.option.collectonly and os.environ.get('PACA_MM_FIXTURE_LANE') != '0'
+
+
 def _uses_lane(item) -> bool:
     return any(name in _lane_module.BUILDERS for name in getattr(item, 'fixturenames', ()))
 
@@ -140,14 +144,14 @@ def _uses_lane(item) -> bool:
 def pytest_collection_modifyitems(session, config, items):
     """With the lane on, the tests that use a heavy fixture run last (in their collected
     order), so that the lane builds while the others run instead of keeping them waiting."""
-    if not config.option.collectonly and os.environ.get('PACA_MM_FIXTURE_LANE') != '0':
+    if _lane_wanted(config):
         items.sort(key=_uses_lane)  # stable: False (no heavy fixture) first
 
 
 def pytest_collection_finish(session):
     """Start the fixture lane for the heavy fixtures the collected tests use, in the order of
     their first use (``PACA_MM_FIXTURE_LANE=0``: build them inline)."""
-    if session.config.option.collectonly or os.environ.get('PACA_MM_FIXTURE_LANE') == '0':
+    if not _lane_wanted(session.config):
         return
     names = []
     for item in session.items:
