@@ -1,6 +1,7 @@
 """Bad configuration, bad input and bad checkpoints give one clear error."""
 import functools
 import os
+import re
 import subprocess
 import sys
 
@@ -187,3 +188,16 @@ def test_missing_tensors_are_missing_not_a_cluster_count_change():
     assert load_backbone_checkpoint(teacher, sd)['missing'] == report['missing']
     with pytest.raises(CheckpointError, match='paca_teacher.block1.0.3.weight'):
         load_backbone_checkpoint(teacher, sd, strict=True)
+
+
+def test_cluster_count_keys_refuses_a_clustering_module_without_layers():
+    """A clustering module with only a buffer (no .weight/.bias) has no known last layer:
+    an error that names the key, not a silently shorter set."""
+    from paca_mm.checkpoint import cluster_count_keys
+    sd = PaCaViT(arch=ARCH, num_clusters=(4, 4, 4, 0)).state_dict()
+    block = 'stage1.0.attn.clustering.clustering.'
+    orphan = block + '1.running_mean'  # e.g. a BN's buffer kept, its layers' tensors lost
+    keys = [k for k in sd if not k.startswith(block)] + [orphan]
+    with pytest.raises(ValueError, match=re.escape(orphan) + '.*no .weight/.bias'):
+        cluster_count_keys(keys)
+    assert block + '4.weight' in cluster_count_keys(sd)

@@ -95,6 +95,11 @@ def cluster_count_keys(keys) -> set:
 
     # block -> index of its last layer (in sorted order the highest index comes last and wins)
     last = dict(sorted(position(k) for k in keys if _CLUSTERING in k and _CLUSTER_LAYER.search(k)))
+    orphan = next((k for k in keys if _CLUSTERING in k and position(k)[0] not in last), None)
+    if orphan is not None:  # its block's last layer, whose shape follows M, is unknown
+        raise ValueError(f'{orphan}: its clustering module has no .weight/.bias tensor, so '
+                         'the layer that depends on the cluster count is unknown; pass a '
+                         "complete PaCaViT state_dict (or its keys)")
     return {k for k in keys if ('paca_teacher.to_clusters' in k and _CLUSTER_LAYER.search(k))
             or (_CLUSTERING in k and position(k) in last.items())}
 
