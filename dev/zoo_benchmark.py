@@ -36,6 +36,7 @@ import csv
 import importlib.util
 import io
 import json
+import logging
 import os
 import os.path as osp
 import platform
@@ -128,7 +129,14 @@ def build(path, device):
         for stage in (test_cfg.get('rcnn'), test_cfg):
             if stage is not None and 'score_thr' in stage:
                 stage.score_thr = 0.
-    return build_model(cfg, device=device), task
+    from mmengine.logging import MMLogger
+    logger = MMLogger.get_current_instance()
+    level = logger.level
+    logger.setLevel(logging.WARNING)  # not init_weights()'s log line per parameter
+    try:
+        return build_model(cfg, device=device), task
+    finally:
+        logger.setLevel(level)
 
 
 def det_predict(model, shape, device):

@@ -73,13 +73,14 @@ def test_published_accuracy_from_metafiles(zoo_configs, tmp_path, load_tool):
         zoo.resolve('mmseg::segformer/nope.py')
 
 
-def test_zoo_benchmark_and_chart(zoo_configs, tmp_path, load_tool):
+def test_zoo_benchmark_and_chart(zoo_configs, tmp_path, load_tool, capfd):
     zoo = load_tool('dev/zoo_benchmark')
     chart = load_tool('dev/zoo_chart')
     out = tmp_path / 'zoo.json'
     zoo.main([*zoo_configs, '--size', '64x64', '--engine', 'eager', '--rounds', '1',
               '--warmup', '0', '--settle', '0', '--skip-memory', '--threads', '1',
               '--out', str(out)])
+    assert 'torch.Size' not in ''.join(capfd.readouterr())  # no per-parameter init log
     data = json.loads(out.read_text())
     seg, det = data['records']
     assert (seg['task'], det['task']) == ('seg', 'det')
