@@ -311,6 +311,14 @@ def test_init_weights_loads_pretrained_after_random_init(tmp_path):
     w.init_weights()
     for k, v in src.state_dict().items():
         assert torch.equal(w.backbone.state_dict()[k], v), k
+    # mmengine's contract: once initialised (is_init), a parent's init_weights() skips it
+    w = Wrapper()
+    w.backbone.init_weights()
+    with torch.no_grad():
+        for p in w.backbone.parameters():
+            p.zero_()  # e.g. changed since
+    w.init_weights()
+    assert not any(p.any() for p in w.backbone.parameters())
 
 
 def test_missing_checkpoint_is_an_error(tmp_path):
