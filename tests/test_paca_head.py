@@ -227,6 +227,13 @@ def test_aux_loss_options():
     assert set(losses) == {'loss_ce', 'loss_dice', 'acc_seg', 'loss_paca', 'loss_paca_dice',
                            'acc_paca'}
     assert all(torch.isfinite(v).all() for v in losses.values())
+    # two aux losses of one name are summed into it
+    one, two = (build_head(dropout_ratio=0., aux_loss_decode=[
+        dict(type='CrossEntropyLoss', loss_weight=w, loss_name='loss_paca') for w in ws])
+        for ws in ([0.5], [0.4, 0.1]))
+    two.load_state_dict(one.state_dict())
+    l1, l2 = (h.loss(pyramid(), samples(), dict())['loss_paca'] for h in (one, two))
+    torch.testing.assert_close(l2, l1)
     # disabled
     head = build_head(aux_loss_decode=None)
     assert set(head.loss(pyramid(), samples(), dict())) == {'loss_ce', 'acc_seg'}
@@ -257,6 +264,9 @@ def test_bad_arguments():
         build_head(in_channels=[96, 192], in_index=[0, 1, 2])
     with pytest.raises(ValueError, match='in_channels'):
         build_head(in_channels=96)
+    for bad in ('256', []):  # a string is not a list of channel numbers ([2, 5, 6])
+        with pytest.raises(ValueError, match='in_channels must be a non-empty list'):
+            build_head(in_channels=bad)
     with pytest.raises(ValueError, match='input_transform'):
         build_head(input_transform='resize_concat')
     head = build_head()
@@ -272,6 +282,20 @@ def test_subset_of_levels():
     head = build_head(in_channels=[192, 320, 384], in_index=[1, 2, 3], num_classes=3)
     out = head(pyramid())
     assert out.shape == (2, 3, 8, 8)  # the first *selected* level sets the grid
+    # negative indices count from the last level, down to -len(inputs); one level is enough
+    neg = build_head(in_channels=[192, 320, 384], in_index=[-3, -2, -1], num_classes=3)
+    neg.load_state_dict(head.state_dict())
+    assert torch.equal(neg.eval()(pyramid()), head.eval()(pyramid()))
+    assert build_head(in_channels=[96], in_index=[-4])(pyramid()).shape == (2, 150, 16, 16)
+
+
+def test_defaults_and_binary_head():
+    """D = 256 as in the official head; num_classes=1 (mmseg's sigmoid binary head) is valid."""
+    head = MODELS.build(dict(type='PaCaHead', in_channels=TINY_DIMS, num_classes=150,
+                             norm_cfg=BN))
+    assert head.channels == 256
+    head = build_head(num_classes=1, loss_decode=dict(type='CrossEntropyLoss', use_sigmoid=True))
+    assert head(pyramid()).shape == (2, 1, 16, 16)
 
 
 # ------------------------------------------------------------- full segmentor
