@@ -48,8 +48,9 @@ _RUNNER_TESTS = ['tests/test_tools.py', 'tests/test_pinned_behaviour.py',
 # What each part of the code is tested by: a mutant runs the (fast) tests of the first
 # entry whose path prefix its file has. Without --tests, the default run covers them all.
 AREAS = [
+    ('paca_mm/models/test_time_augs', ['tests/test_tta.py']),
     ('paca_mm/models', _MODEL_TESTS),
-    ('paca_mm/checkpoint', _MODEL_TESTS),
+    ('paca_mm/checkpoint', _MODEL_TESTS + ['tests/test_weights_by_url.py']),
     ('paca_mm/engine', _RUNNER_TESTS),
     ('paca_mm/hooks', _RUNNER_TESTS + ['tests/test_visualization.py']),
     ('paca_mm/registry.py', _RUNNER_TESTS),
