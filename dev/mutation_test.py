@@ -149,7 +149,7 @@ def collect(targets: List[str]) -> List[Mutant]:
         else:
             raise SystemExit(f'error: {t} is neither a file nor a folder of the repository')
     out = []
-    for f in files:
+    for f in dict.fromkeys(osp.normpath(f) for f in files):  # a file once, however named
         with open(osp.join(ROOT, f)) as fh:
             out += list(mutants_of(f, fh.read()))
     return out

@@ -25,6 +25,17 @@ def test_mutants_of(load_tool):
         == '    for i in range(3):'
 
 
+def test_collect_takes_each_file_once(load_tool):
+    """A folder and a file inside it (as the default areas name them) give its mutants once."""
+    tool = load_tool('dev/mutation_test')
+    one = tool.collect(['paca_mm/fileio.py'])
+    both = tool.collect(['paca_mm', './paca_mm/fileio.py'])
+    names = [str(m) for m in both]
+    assert one and len(names) == len(set(names)) and {str(m) for m in one} <= set(names)
+    every = [str(m) for m in tool.collect(tool.DEFAULT_FILES)]
+    assert len(every) == len(set(every))
+
+
 def test_fail_first_orders_recent_killers_first(load_tool):
     tool = load_tool('dev/mutation_test')
     items = [SimpleNamespace(nodeid=n) for n in ('a', 'b', 'c', 'd')]
