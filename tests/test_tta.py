@@ -31,9 +31,9 @@ def det_tta():
     img[10:40, 15:35] = (230, 40, 40)  # a bright, asymmetric object left of the centre
     img[35:60, 50:75] = (40, 200, 40)
 
-    def view(scale=(160, 88), flip=False):
+    def view(scale=(160, 88), flip=False, direction='horizontal'):
         pipe = Compose([dict(type='Resize', scale=scale, keep_ratio=True),
-                        dict(type='RandomFlip', prob=float(flip)),
+                        dict(type='RandomFlip', prob=float(flip), direction=direction),
                         cfg.tta_pipeline[1].transforms[-1][0]])  # PackDetInputs
         out = pipe(dict(img=img.copy(), img_id=0, img_path='x.png', img_shape=img.shape[:2],
                         ori_shape=img.shape[:2]))
@@ -72,15 +72,17 @@ def test_one_unflipped_view_equals_the_plain_prediction(det_tta):
 
 
 @torch.no_grad()
-def test_a_flipped_view_comes_back_unflipped(det_tta):
+@pytest.mark.parametrize('direction,dims', [('horizontal', [-1]), ('vertical', [-2]),
+                                            ('diagonal', [-2, -1])])
+def test_a_flipped_view_comes_back_unflipped(det_tta, direction, dims):
     """One flipped view: TTA gives the detector's prediction on the flipped image with
     boxes and masks mirrored back into the original image."""
     from mmdet.structures.bbox import bbox_flip
     tta, view = det_tta
-    x, s = view(flip=True)
-    assert s.flip is True
+    x, s = view(flip=True, direction=direction)
+    assert s.flip is True and s.flip_direction == direction
     b, sc, lab, m = _preds(tta.module.test_step(dict(inputs=[x], data_samples=[s.clone()])))
-    expected = bbox_flip(b, (H, W), 'horizontal'), sc, lab, m.flip(-1)
+    expected = bbox_flip(b, (H, W), direction), sc, lab, m.flip(dims)
     merged = _preds(tta.test_step(dict(inputs=[[x]], data_samples=[[s.clone()]])))
     _assert_same(merged, expected)
     assert (merged[3] != m).float().mean() > 0.003  # the mirror image does differ (measured 0.7%)
@@ -117,6 +119,25 @@ def test_masks_are_the_mean_of_the_views(det_tta, monkeypatch):
         p = tta.module.roi_head._mask_forward(feats, rois)['mask_preds'].sigmoid()
         probs.append(p.flip(-1) if flip else p)
     torch.testing.assert_close(seen['probs'], (probs[0] + probs[1]) / 2)
+
+
+@torch.no_grad()
+def test_views_are_preprocessed_for_testing_and_no_box_is_fine(det_tta, monkeypatch):
+    """Each view goes through the data preprocessor in test mode (no batch augments, no
+    ground-truth padding); with every score under the threshold, the result is empty."""
+    tta, view = det_tta
+    pre = tta.module.data_preprocessor
+    modes = []
+    forward = pre.forward
+    monkeypatch.setattr(pre, 'forward', lambda data, training=False: (
+        modes.append(training), forward(data, training))[1])
+    rcnn = tta.module.roi_head.test_cfg
+    monkeypatch.setattr(rcnn, 'score_thr', 1.1)
+    (x1, s1), (x2, s2) = view(flip=True), view()
+    merged = tta.test_step(dict(inputs=[[x1], [x2]], data_samples=[[s1], [s2]]))
+    assert modes == [False, False]
+    masks = merged[0].pred_instances.masks
+    assert len(merged[0].pred_instances) == 0 and tuple(masks.shape) == (0, H, W)
 
 
 def _test_tool(config, checkpoint, work_dir, options, extra=(), threads=2):
@@ -245,3 +266,14 @@ def test_mask_tta_needs_a_mask_head():
     init_default_scope('mmdet')
     with pytest.raises(ValueError, match='mask head.*DetTTAModel'):
         MODELS.build(dict(**cfg.tta_model, module=cfg.model))
+    one_stage = dict(  # no RPN (and no roi_head at all)
+        type='RetinaNet', data_preprocessor=cfg.model.data_preprocessor,
+        backbone=cfg.model.backbone,
+        neck=dict(cfg.model.neck, start_level=1, add_extra_convs='on_input'),
+        bbox_head=dict(type='RetinaHead', num_classes=2, in_channels=cfg.model.neck.out_channels,
+                       anchor_generator=dict(type='AnchorGenerator', octave_base_scale=4,
+                                             scales_per_octave=3, ratios=[0.5, 1.0, 2.0],
+                                             strides=[8, 16, 32, 64, 128]),
+                       bbox_coder=dict(type='DeltaXYWHBBoxCoder')))
+    with pytest.raises(ValueError, match='two-stage detector.*RetinaNet'):
+        MODELS.build(dict(**cfg.tta_model, module=one_stage))
