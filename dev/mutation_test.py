@@ -51,7 +51,7 @@ AREAS = [
     ('paca_mm/models/test_time_augs', ['tests/test_tta.py']),
     ('paca_mm/models', _MODEL_TESTS),
     ('paca_mm/checkpoint', _MODEL_TESTS + ['tests/test_weights_by_url.py']),
-    ('paca_mm/engine', _RUNNER_TESTS),
+    ('paca_mm/engine', _RUNNER_TESTS + ['tests/test_tta.py']),
     ('paca_mm/hooks', _RUNNER_TESTS + ['tests/test_visualization.py']),
     ('paca_mm/registry.py', _RUNNER_TESTS),
     ('paca_mm/fileio.py', _RUNNER_TESTS + ['tests/test_visualization.py']),

@@ -311,6 +311,10 @@ def test_opt_in_argument_and_env_var(tmp_path, monkeypatch, mechanism, load_tool
     monkeypatch.setenv(TRUST_ENV, '0')
     with pytest.raises(CheckpointError):
         CheckpointLoader.load_checkpoint(path)
+    from paca_mm.checkpoint import trust_checkpoints  # the API call behind --trust-checkpoint
+    trust_checkpoints()
+    assert load_checkpoint_file(path)['meta']['lr'] == fractions.Fraction(1, 10)
+    monkeypatch.setenv(TRUST_ENV, '0')
     # init_cfg=dict(type='Pretrained', trust=True): the argument for the backbone's loader
     sd_path = _benign(tmp_path / 'trusted_backbone.pth', PaCaViT(arch=ARCH).state_dict())
     with pytest.raises(CheckpointError, match='fractions.Fraction'):

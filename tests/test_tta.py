@@ -243,6 +243,7 @@ def test_tta_models_resolve_in_the_config_scope(config, scope, expected, in_conf
         cfg.pop('tta_model')
         cfg.pop('tta_pipeline')
     register_toolbox_modules(cfg)
+    packing = cfg.test_dataloader.dataset.pipeline[-1].type
     apply_tta(cfg, scope)
     assert cfg.model.type == expected and 'backbone' in cfg.model.module
     with MODELS.switch_scope_and_registry(scope) as registry:
@@ -250,6 +251,7 @@ def test_tta_models_resolve_in_the_config_scope(config, scope, expected, in_conf
     pipeline = cfg.test_dataloader.dataset.pipeline
     assert pipeline[-1].type == 'TestTimeAug'
     pack = pipeline[-1].transforms[-1][0]
+    assert pack.type == packing  # the test pipeline's own last (packing) step
     if scope == 'mmdet':
         assert {'flip', 'flip_direction'} <= set(pack.meta_keys)
 
