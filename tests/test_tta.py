@@ -252,6 +252,9 @@ def test_tta_models_resolve_in_the_config_scope(config, scope, expected, in_conf
     assert pipeline[-1].type == 'TestTimeAug'
     pack = pipeline[-1].transforms[-1][0]
     assert pack.type == packing  # the test pipeline's own last (packing) step
+    if not in_config:  # the fallback: one flipped view and one plain view
+        assert [(t.type, t.prob) for t in pipeline[-1].transforms[0]] == [
+            ('RandomFlip', 1.), ('RandomFlip', 0.)]
     if scope == 'mmdet':
         assert {'flip', 'flip_direction'} <= set(pack.meta_keys)
 
