@@ -200,6 +200,10 @@ def test_use_atomic_checkpoints_respects_the_config():
         assert cfg.default_hooks.checkpoint.get('backend_args') == (
             value if key == 'backend_args' else None)
         assert 'not' in notes[0]
+    cfg = Config.fromfile(CONFIG)  # a local out_dir is written atomically too
+    cfg.default_hooks.checkpoint.out_dir = '/tmp/ckpts'
+    assert 'atomically' in use_atomic_checkpoints(cfg)[0]
+    assert cfg.default_hooks.checkpoint.backend_args == dict(backend=ATOMIC_BACKEND)
     cfg = Config.fromfile(CONFIG)
     cfg.default_hooks.checkpoint = None
     assert use_atomic_checkpoints(cfg) == []

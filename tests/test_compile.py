@@ -217,6 +217,9 @@ def test_warning_for_compiled_adam_at_lr_zero():
     assert compiled_adam_lr_zero(cfg) is None
     cfg.param_scheduler = [dict(type='LinearLR', start_factor=1.0, end_factor=0.0)]
     assert 'LinearLR takes' in compiled_adam_lr_zero(cfg)
+    cfg.param_scheduler = [dict(type='LinearLR', start_factor=1e-6),  # a warmup to 1.0
+                           dict(type='MultiStepLR', milestones=[8], end_factor=0.)]
+    assert compiled_adam_lr_zero(cfg) is None
     cfg.optim_wrapper.optimizer = dict(type='SGD', lr=0.01)
     assert compiled_adam_lr_zero(cfg) is None
 

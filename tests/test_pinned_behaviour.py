@@ -144,7 +144,33 @@ def test_resume_picks_the_newest_complete_checkpoint(tmp_path):
     chosen = str(tmp_path / 'iter_2.pth')
     assert cfg.load_from == chosen
     assert len(warnings) == 1 and chosen in warnings[0] and str(newest) in warnings[0], warnings
-    assert str(tmp_path / 'iter_1.pth') not in warnings[0]
+    assert str(tmp_path / 'iter_1.pth') not in warnings[0] and 'also skipped' not in warnings[0]
+
+
+def test_resume_by_epoch_names_and_a_named_checkpoint(tmp_path):
+    """The hook without by_epoch saves epoch_*.pth (mmengine's default), so those are the
+    fallbacks; ``--resume CKPT``: a broken local file is an error, a complete one or a
+    path mmengine will report (missing, remote) passes unchanged."""
+    from paca_mm.checkpoint import CheckpointError
+    from paca_mm.engine.checkpoints import check_resume_checkpoint
+    cfg = Config.fromfile(osp.join(ROOT, 'tests', 'data', 'tools_tiny_seg.py'))
+    for key in ('by_epoch', 'filename_tmpl'):
+        cfg.default_hooks.checkpoint.pop(key, None)
+    cfg.merge_from_dict(dict(work_dir=str(tmp_path), resume=True, load_from=None))
+    for step in (1, 2):
+        _runner_checkpoint(str(tmp_path / f'epoch_{step}.pth'), step)
+    _runner_checkpoint(str(tmp_path / 'iter_9.pth'), 9)  # not this hook's name
+    newest = tmp_path / 'epoch_2.pth'
+    newest.write_bytes(newest.read_bytes()[:100])
+    (tmp_path / 'last_checkpoint').write_text(str(newest))
+    check_resume_checkpoint(cfg)
+    assert cfg.load_from == str(tmp_path / 'epoch_1.pth')
+    for path in (str(tmp_path / 'epoch_1.pth'), str(tmp_path / 'nope.pth'), 's3://b/x.pth'):
+        cfg.load_from = path
+        assert check_resume_checkpoint(cfg) == [] and cfg.load_from == path
+    cfg.load_from = str(newest)
+    with pytest.raises(CheckpointError, match='cannot resume from .*epoch_2.pth'):
+        check_resume_checkpoint(cfg)
 
 
 def test_resume_skips_every_broken_checkpoint_and_names_them(tmp_path):

@@ -244,6 +244,8 @@ def test_tta_models_resolve_in_the_config_scope(config, scope, expected, in_conf
         cfg.pop('tta_pipeline')
     register_toolbox_modules(cfg)
     packing = cfg.test_dataloader.dataset.pipeline[-1].type
+    if scope == 'mmdet':  # YOLO-style batch shapes would undo the views' sizes
+        cfg.test_dataloader.dataset.batch_shapes_cfg = dict(type='BatchShapePolicy')
     apply_tta(cfg, scope)
     assert cfg.model.type == expected and 'backbone' in cfg.model.module
     with MODELS.switch_scope_and_registry(scope) as registry:
@@ -257,6 +259,10 @@ def test_tta_models_resolve_in_the_config_scope(config, scope, expected, in_conf
             ('RandomFlip', 1.), ('RandomFlip', 0.)]
     if scope == 'mmdet':
         assert {'flip', 'flip_direction'} <= set(pack.meta_keys)
+        assert cfg.test_dataloader.dataset.batch_shapes_cfg is None
+        if not in_config:  # mmdet's tools/test.py default
+            assert cfg.model.tta_cfg == dict(nms=dict(type='nms', iou_threshold=0.5),
+                                             max_per_img=100)
 
 
 def test_mask_tta_needs_a_mask_head():

@@ -37,7 +37,7 @@ def compiled_adam_lr_zero(cfg: Config) -> Optional[str]:
         kind = str(sched.get('type', '')).split('.')[-1]
         to_zero = (kind in ('PolyLR', 'CosineAnnealingLR') and not sched.get('eta_min') and
                    not sched.get('eta_min_ratio')) or \
-            (kind == 'LinearLR' and sched.get('end_factor', 1.0) == 0)
+            (kind == 'LinearLR' and sched.get('end_factor') == 0)
         if to_zero:
             return (f'compile is on with {optim.get("type")} and {kind} takes the learning '
                     'rate to 0: torch\'s compiled Adam step writes NaN into parameters whose '
