@@ -68,7 +68,12 @@ def test_adapt_cfg_to_cpu():
     assert _norm_types(cfg.model, []) == ['BN']
     assert 'sync_bn' not in cfg
     assert cfg.env_cfg.dist_cfg.backend == 'gloo'
-    assert cfg.model_wrapper_cfg.type == 'CPUDistributedDataParallel'
+    # the Runner's own default wrapper arguments (mmengine: broadcast_buffers=False)
+    assert cfg.model_wrapper_cfg == dict(type='CPUDistributedDataParallel',
+                                         broadcast_buffers=False, find_unused_parameters=False)
+    cfg2 = _cfg(launcher='pytorch', find_unused_parameters=True)
+    adapt_cfg_to_device(cfg2, cuda=False)
+    assert cfg2.model_wrapper_cfg.find_unused_parameters is True
     assert cfg.optim_wrapper.type == 'CPUAmpOptimWrapper'
     assert cfg.optim_wrapper.dtype == 'bfloat16'
     text = '\n'.join(notes)
