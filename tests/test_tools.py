@@ -282,7 +282,7 @@ def test_tool_cli_errors(tmp_path, monkeypatch, load_tool):
     ('pytorch', dict(RANK='1', WORLD_SIZE='2', LOCAL_RANK='1', MASTER_ADDR='127.0.0.1',
                      MASTER_PORT='29512'), (1, 2, '1', '29512')),
     ('slurm', dict(SLURM_PROCID='3', SLURM_NTASKS='4', SLURM_LOCALID='1',
-                   SLURM_NODELIST='node1', MASTER_ADDR='node1'), (3, 4, '1', '29500')),
+                   SLURM_NODELIST='node1', MASTER_ADDR='node1'), (3, 4, '1', '29601')),
     ('mpi', dict(OMPI_COMM_WORLD_RANK='2', OMPI_COMM_WORLD_SIZE='3',
                  OMPI_COMM_WORLD_LOCAL_RANK='0', MASTER_ADDR='10.0.0.1'), (2, 3, '0', '29500')),
 ])
@@ -296,7 +296,8 @@ def test_init_cpu_distributed_reads_launcher_env(monkeypatch, launcher, env, exp
     monkeypatch.setattr(rt.torch.cuda, 'is_available', lambda: False)
     monkeypatch.setattr(rt.torch_dist, 'is_initialized', lambda: False)
     monkeypatch.setattr(rt.torch_dist, 'init_process_group', lambda **kw: calls.append(kw))
-    assert rt.init_cpu_distributed(launcher, dict(backend='nccl', timeout=60))
+    # dist_cfg.port: the Slurm port, as mmengine's init_dist (torchrun sets its own)
+    assert rt.init_cpu_distributed(launcher, dict(backend='nccl', timeout=60, port=29601))
     (kwargs, ) = calls
     rank, world_size, local_rank, port = expected
     assert kwargs['backend'] == 'gloo' and kwargs['init_method'] == 'env://'
@@ -313,6 +314,12 @@ def test_init_cpu_distributed_missing_env(monkeypatch):
     monkeypatch.setattr(rt.torch_dist, 'is_initialized', lambda: False)
     monkeypatch.delenv('RANK', raising=False)
     with pytest.raises(KeyError, match='RANK.*torchrun'):
+        rt.init_cpu_distributed('pytorch')
+    for key, value in dict(RANK='0', WORLD_SIZE='1', LOCAL_RANK='0').items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv('MASTER_ADDR', raising=False)
+    monkeypatch.setattr(rt.subprocess, 'getoutput', lambda cmd: 'host-from-scontrol')
+    with pytest.raises(KeyError, match='MASTER_ADDR'):  # only Slurm asks scontrol
         rt.init_cpu_distributed('pytorch')
     with pytest.raises(ValueError, match='launcher'):
         rt.init_cpu_distributed('ssh')

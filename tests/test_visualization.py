@@ -235,6 +235,45 @@ def test_cluster_vis_hook_in_a_short_run(tmp_path):
                                                     'cluster_heatmaps_stage2_2.png']
 
 
+def test_cluster_vis_hook_arguments_first_val_image_and_draw(tmp_path, classifier):
+    """The documented defaults, interval checks, the first validation sample (its first
+    view under TTA; a clear error without one), draw() on its own, add_to_visualizer."""
+    from types import SimpleNamespace
+
+    from paca_mm.hooks import PaCaClusterVisHook
+    hook = PaCaClusterVisHook()
+    assert (hook.interval, hook.stage, hook.tile, hook.add_to_visualizer) == (500, 3, 96, True)
+    for bad in (0, 1.5):
+        with pytest.raises(ValueError, match='interval must be a positive int'):
+            PaCaClusterVisHook(interval=bad)
+
+    def val(*samples):
+        return SimpleNamespace(dataloader=SimpleNamespace(dataset=list(samples)))
+    first, second = _raw(40, 48, 1), _raw(40, 48, 2)
+    take = PaCaClusterVisHook._first_val_image
+    assert torch.equal(take(SimpleNamespace(val_loop=val({'inputs': first},
+                                                         {'inputs': second}))), first)
+    assert torch.equal(take(SimpleNamespace(val_loop=val({'inputs': [first, second]}))), first)
+    for bad in (first.numpy(), first[0]):
+        with pytest.raises(ValueError, match=r'no \(3, H, W\)'):
+            take(SimpleNamespace(val_loop=val({'inputs': bad})))
+    with pytest.raises(ValueError, match='no val_dataloader'):
+        take(SimpleNamespace(val_loop=None))
+    added = []
+    runner = SimpleNamespace(model=classifier, cfg=classifier.cfg, work_dir=str(tmp_path),
+                             val_loop=val({'inputs': first}),
+                             visualizer=SimpleNamespace(add_image=lambda name, *a, **k:
+                                                        added.append(name)))
+    hook = PaCaClusterVisHook(stage=2, tile=16, add_to_visualizer=False)
+    path = hook.draw(runner, 7)  # prepares itself (no before_train yet)
+    assert path == osp.join(str(tmp_path), 'cluster_vis', 'iter_000007_stage2.png')
+    _check_png(path)
+    assert added == []
+    hook.add_to_visualizer = True
+    hook.draw(runner, 8)
+    assert added == ['cluster_heatmaps_stage2']
+
+
 @pytest.mark.parametrize('cfg', [CLS_CFG, osp.join(ROOT, 'tests', 'data',
                                                     'image_demo_tiny_mask_rcnn.py')],
                          ids=['mmpretrain', 'mmdet'])
