@@ -361,6 +361,13 @@ def test_rng_state_hook_restores_on_resume_only():
     hook.before_train(runner)
     assert torch.equal(torch.rand(3), reference)
 
+    # CUDA's generators are saved only once CUDA is in use (saving must not initialise it)
+    import unittest.mock as mock
+    with mock.patch.object(torch.cuda, 'is_available', lambda: True), \
+            mock.patch.object(torch.cuda, 'is_initialized', lambda: False), \
+            mock.patch.object(torch.cuda, 'get_rng_state_all', side_effect=AssertionError):
+        assert set(RNGStateHook._get_state()) == {'torch'}
+
     cfg = _cfg()
     assert add_rng_state_hook(cfg) and cfg.custom_hooks == [dict(type='RNGStateHook')]
     assert add_rng_state_hook(cfg) == [] and len(cfg.custom_hooks) == 1

@@ -262,16 +262,18 @@ def test_cluster_vis_hook_arguments_first_val_image_and_draw(tmp_path, classifie
     added = []
     runner = SimpleNamespace(model=classifier, cfg=classifier.cfg, work_dir=str(tmp_path),
                              val_loop=val({'inputs': first}),
-                             visualizer=SimpleNamespace(add_image=lambda name, *a, **k:
-                                                        added.append(name)))
-    hook = PaCaClusterVisHook(stage=2, tile=16, add_to_visualizer=False)
+                             visualizer=SimpleNamespace(add_image=lambda name, image, step:
+                                                        added.append((name, image, step))))
+    hook = PaCaClusterVisHook(stage=2, tile=64, add_to_visualizer=False)
     path = hook.draw(runner, 7)  # prepares itself (no before_train yet)
     assert path == osp.join(str(tmp_path), 'cluster_vis', 'iter_000007_stage2.png')
     _check_png(path)
     assert added == []
     hook.add_to_visualizer = True
-    hook.draw(runner, 8)
-    assert added == ['cluster_heatmaps_stage2']
+    path = hook.draw(runner, 8)
+    ((name, image, step), ) = added
+    assert (name, step) == ('cluster_heatmaps_stage2', 8)
+    assert np.array_equal(image, cv2.imread(path)[..., ::-1])  # the visualizer takes RGB
 
 
 @pytest.mark.parametrize('cfg', [CLS_CFG, osp.join(ROOT, 'tests', 'data',
