@@ -367,6 +367,20 @@ def test_rng_state_hook_restores_on_resume_only():
             mock.patch.object(torch.cuda, 'is_initialized', lambda: False), \
             mock.patch.object(torch.cuda, 'get_rng_state_all', side_effect=AssertionError):
         assert set(RNGStateHook._get_state()) == {'torch'}
+    # a checkpoint's CUDA states are set only where the same number of GPUs exists
+    state = dict(torch=torch.get_rng_state(), cuda=[torch.zeros(8, dtype=torch.uint8)] * 2)
+    for available, count, expected in ((False, 2, 0), (True, 1, 0), (True, 2, 1)):
+        with mock.patch.object(torch.cuda, 'is_available', lambda: available), \
+                mock.patch.object(torch.cuda, 'device_count', lambda: count), \
+                mock.patch.object(torch.cuda, 'set_rng_state_all') as set_cuda:
+            RNGStateHook._set_state(state)
+        assert set_cuda.call_count == expected, (available, count)
+    # a checkpoint of iteration 0 cannot be told from load_from: nothing restored
+    torch.manual_seed(0)
+    hook.after_load_checkpoint(runner, dict(meta=dict(iter=0, rng_state=state)))
+    runner.iter = 0
+    hook.before_train(runner)
+    assert torch.equal(torch.rand(3), reference)
 
     cfg = _cfg()
     assert add_rng_state_hook(cfg) and cfg.custom_hooks == [dict(type='RNGStateHook')]
