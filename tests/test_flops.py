@@ -2,6 +2,7 @@
 the tool runs on a detector config, and its --markdown tables take the paper's numbers from
 the metafiles."""
 import os.path as osp
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -43,6 +44,56 @@ def test_sdpa_counted_like_explicit_attention(get_flops):
     assert explicit['flops'] == expected
     assert fused['flops'] == expected
     assert not fused['unsupported'].get('aten::scaled_dot_product_attention')
+
+
+class _JitValue:
+    """What a FLOP handle receives: a traced value, of known shape or not (None)."""
+
+    def __init__(self, shape):
+        self.shape = shape
+
+    def isCompleteTensor(self):
+        return self.shape is not None
+
+    def type(self):
+        return SimpleNamespace(sizes=lambda: list(self.shape))
+
+
+def test_sdpa_handle_any_rank_and_unknown_shapes():
+    """Eq.: prod(leading dims of the output) * N_q * N_kv * (d + d_v), for 3-D inputs as for
+    4-D; an input of unknown shape is an error, not a guess."""
+    from paca_mm.flops import sdpa_flop_jit
+    shapes = [(6, 10, 8), (6, 7, 8), (6, 7, 4), (6, 10, 4)]  # q, k, v, out
+    values = [_JitValue(s) for s in shapes]
+    assert sdpa_flop_jit(values[:3], values[3:]) == 6 * 10 * 7 * (8 + 4)
+    values = [_JitValue((2, ) + s) for s in shapes]
+    assert sdpa_flop_jit(values[:3], values[3:]) == 2 * 6 * 10 * 7 * (8 + 4)
+    for i in range(4):
+        values = [_JitValue(None if j == i else s) for j, s in enumerate(shapes)]
+        with pytest.raises(ValueError, match='unknown input shapes'):
+            sdpa_flop_jit(values[:3], values[3:])
+
+
+def test_count_reports_every_child_and_stays_quiet(get_flops, capsys):
+    """Every top-level child is in the result (0 for one without MACs or parameters), and
+    the analyzer's warnings (unsupported ops, uncalled modules) are off by default."""
+    from paca_mm.flops import install_flop_handles
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.act, self.unused = nn.Linear(4, 3), nn.ReLU(), nn.Linear(2, 2)
+
+        def forward(self, x):
+            return self.act(self.fc(x)).cumsum(-1)  # cumsum: an op without a handle
+
+    res = get_flops.count(M(), (torch.randn(5, 4), ))
+    assert res['by_module'] == dict(fc=60, act=0, unused=0)
+    assert res['params_by_module'] == dict(fc=15, act=0, unused=6)
+    assert res['unsupported'] == {'aten::cumsum': 1}
+    out = capsys.readouterr()
+    assert 'cumsum' not in out.out + out.err and 'unused' not in out.out + out.err
+    assert install_flop_handles() is True  # this mmengine has the handle table
 
 
 def test_baddbmm_counted(get_flops):
