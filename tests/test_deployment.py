@@ -100,11 +100,53 @@ def test_model_onnx_matches_pytorch(tmp_path, config, kind, cfg_options):
         export_onnx(model, out, kind, shape=SHAPES[0][1:])
     report = check_onnx(model, out, kind, shapes, rtol=1e-4)
     assert len(report) == len(shapes)
+    # the declared shapes (what TensorRT & co. read; ONNX Runtime does not check outputs)
+    dims = _declared_dims(out)
+    static = cfg_options is not None
+    hw = list(SHAPES[0][1:]) if static else ['height', 'width']
+    assert dims.pop('img') == ['batch', 3] + hw
+    for name, d in dims.items():
+        if kind == 'classifier':
+            assert d == ['batch', model.head.num_classes], (name, d)
+        elif static:  # (the exporter may still leave a Resize's output dims symbolic)
+            assert d[0] == 'batch' and f'{name}_height' not in d, (name, d)
+        else:
+            assert d[0] == 'batch' and d[2:] == [f'{name}_height', f'{name}_width'], (name, d)
     if kind == 'segmentor' and cfg_options is None:  # logits at every input size
         import onnxruntime as ort
         sess = ort.InferenceSession(out, providers=['CPUExecutionProvider'])
         logits = sess.run(None, {'img': torch.rand(2, 3, 50, 66).numpy() * 255})[0]
         assert logits.shape[0] == 2 and logits.shape[2:] == (50, 66)
+
+
+def _declared_dims(onnx_file):
+    """{input or output name: its declared dims, a name (dynamic) or a number each}."""
+    import onnx
+    graph = onnx.load(onnx_file).graph
+    return {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+            for v in list(graph.input) + list(graph.output)}
+
+
+def test_export_defaults_and_exporter_choice(tmp_path, monkeypatch):
+    """export_onnx's defaults (one 512x512 image of pixel values, opset 17) reach the
+    exporter; the TorchScript exporter is asked for by name from torch 2.5 (which added
+    ``dynamo=``) on."""
+    import paca_mm.deployment as deployment
+    calls = []
+
+    def export(module, args, f, **kwargs):
+        calls.append((args[0], kwargs))
+        open(f, 'wb').close()
+    monkeypatch.setattr(torch.onnx, 'export', export)
+    export_onnx(PaCaViT(arch=ARCH, num_clusters=(4, 4, 4, 0)).eval(),
+                str(tmp_path / 'x.onnx'), 'backbone')
+    ((example, kwargs), ) = calls
+    assert example.shape == (1, 3, 512, 512) and kwargs['opset_version'] == 17
+    assert 1 < float(example.max()) <= 255 and float(example.min()) >= 0
+    for version, expected in (((2, 4), {}), ((2, 5), {'dynamo': False}),
+                              ((2, 14), {'dynamo': False})):
+        monkeypatch.setattr(deployment, 'torch_version', lambda: version)
+        assert deployment.exporter_kwargs() == expected, version
 
 
 def test_check_onnx_catches_a_wrong_graph(tmp_path):
@@ -123,8 +165,11 @@ def test_export_errors(tmp_path):
     model = PaCaViT(arch=ARCH, num_clusters=(4, 4, 4, 0)).eval()
     with pytest.raises(ValueError, match="unknown export kind 'detector'"):
         export_onnx(model, str(tmp_path / 'x.onnx'), 'detector')
-    with pytest.raises(ValueError, match='kind=segmentor needs an mmseg segmentor'):
+    with pytest.raises(ValueError, match="kind=segmentor needs an mmseg segmentor.*"
+                                         "use kind='backbone'"):
         export_onnx(model, str(tmp_path / 'x.onnx'), 'segmentor')
+    with pytest.raises(ValueError, match=r'kind=backbone needs a PaCaViT .*, got Linear$'):
+        export_onnx(nn.Linear(2, 2), str(tmp_path / 'x.onnx'), 'backbone')
     assert not list(tmp_path.iterdir())  # nothing written
 
 
@@ -149,8 +194,10 @@ def test_pytorch2onnx_tool(tmp_path):
 @pytest.mark.parametrize('pool', [nn.AdaptiveAvgPool2d(6), nn.AdaptiveAvgPool2d((2, 3)),
                                   nn.AdaptiveAvgPool2d((None, 4)), nn.AdaptiveMaxPool2d(3)])
 @pytest.mark.parametrize('hw', [(7, 11), (16, 16), (3, 5)])
-def test_fixed_size_adaptive_pool_equals_torch(pool, hw):
+@pytest.mark.parametrize('batched', [True, False])
+def test_fixed_size_adaptive_pool_equals_torch(pool, hw, batched):
     """The per-bin pooling that replaces adaptive pooling in a static export equals
-    PyTorch's adaptive pooling at sizes that are not multiples of the grid."""
-    x = torch.randn(2, 3, *hw)
+    PyTorch's adaptive pooling at sizes that are not multiples of the grid, for (N, C, H, W)
+    and (C, H, W) inputs."""
+    x = torch.randn(2, 3, *hw) if batched else torch.randn(3, *hw)
     torch.testing.assert_close(_FixedSizeAdaptivePool(pool)(x), pool(x), rtol=1e-6, atol=1e-6)
