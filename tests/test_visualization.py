@@ -127,6 +127,40 @@ def test_group_split_consistent_with_predictions(classifier):
         analyze_cluster_groups(classifier, raw, stage=2, label=4)
 
 
+def test_explainer_defaults_chunks_labels_and_errors(classifier, monkeypatch):
+    """Stage 3 by default (the paper's); the stages with clusters named in the error;
+    classify() in chunks (the first included) and on the last of a tuple of logits; label 0
+    accepted; one (3, H, W) image only; class names only in range."""
+    from paca_mm.visualization import check_stage
+    raw = _raw(seed=5)
+    assert torch.equal(stage_cluster_logits(classifier, raw),
+                       stage_cluster_logits(classifier, raw, 3))
+    backbone = classifier.backbone
+    assert [check_stage(backbone, s) for s in (1, 2, 3)] == [0, 1, 2]
+    with pytest.raises(ValueError, match=r'stages with clusters: \[1, 2, 3\]'):
+        check_stage(backbone, 4)
+    for bad in (5, 1.0):
+        with pytest.raises(ValueError, match=r'1\.\.4'):
+            check_stage(backbone, bad)
+    batch = torch.stack([_raw(seed=i) for i in range(3)])
+    whole = classify(classifier, batch)
+    torch.testing.assert_close(classify(classifier, batch, batch_size=2), whole)
+    torch.testing.assert_close(torch.cat([classify(classifier, b[None]) for b in batch]), whole)
+    forward = type(classifier).forward
+    monkeypatch.setattr(type(classifier), 'forward', lambda self, x, mode='tensor': (
+        torch.zeros(len(x), 4), torch.zeros(len(x), 4), forward(self, x, mode)))
+    torch.testing.assert_close(classify(classifier, batch), whole)
+    monkeypatch.undo()
+    g = analyze_cluster_groups(classifier, raw, stage=2, label=0)
+    assert g.label == 0 and g.label_given
+    assert torch.equal(analyze_cluster_groups(classifier, raw).logits,
+                       stage_cluster_logits(classifier, raw)[0])  # stage 3 by default
+    with pytest.raises(ValueError, match=r'one \(3, H, W\) raw image'):
+        analyze_cluster_groups(classifier, _raw()[:1])
+    g.class_names = ['a', 'b']
+    assert [g.class_name(c) for c in (0, 1, 2, -1)] == ['a', 'b', '2', '-1']
+
+
 def _check_png(path, shape=None):
     assert osp.isfile(path) and osp.getsize(path) > 100
     img = cv2.imread(path)
