@@ -47,7 +47,11 @@ def _norm_types(node, found):
 
 # ----------------------------------------------------------------------------- fast
 def test_scope_and_registration():
+    from mmengine.registry import DefaultScope
+    before = DefaultScope.get_current_instance()
     assert register_toolbox_modules(_cfg()) == 'mmseg'
+    # registration only, as the toolboxes' tools do: the current default scope is untouched
+    assert DefaultScope.get_current_instance() is before
     from mmseg.registry import MODELS
     assert MODELS.get('FCNHead') is not None and MODELS.get('PaCaViT') is not None
     cfg = _cfg()
@@ -375,12 +379,20 @@ def test_rng_state_hook_restores_on_resume_only():
                 mock.patch.object(torch.cuda, 'set_rng_state_all') as set_cuda:
             RNGStateHook._set_state(state)
         assert set_cuda.call_count == expected, (available, count)
-    # a checkpoint of iteration 0 cannot be told from load_from: nothing restored
+    # a checkpoint of iteration 0 cannot be told from load_from, and a loop at another
+    # iteration than the checkpoint's is not its resume: nothing restored
+    for ckpt_iter, loop_iter in ((0, 0), (5, 2)):
+        torch.manual_seed(0)
+        hook.after_load_checkpoint(runner, dict(meta=dict(iter=ckpt_iter, rng_state=state)))
+        runner.iter = loop_iter
+        hook.before_train(runner)
+        assert torch.equal(torch.rand(3), reference), (ckpt_iter, loop_iter)
+    # resumed at iteration 1: restored
     torch.manual_seed(0)
-    hook.after_load_checkpoint(runner, dict(meta=dict(iter=0, rng_state=state)))
-    runner.iter = 0
+    hook.after_load_checkpoint(runner, dict(meta=dict(iter=1, rng_state=state)))
+    runner.iter = 1
     hook.before_train(runner)
-    assert torch.equal(torch.rand(3), reference)
+    assert not torch.equal(torch.rand(3), reference)
 
     cfg = _cfg()
     assert add_rng_state_hook(cfg) and cfg.custom_hooks == [dict(type='RNGStateHook')]
