@@ -341,6 +341,7 @@ def test_visualization_loaders(tmp_path, mechanism, load_tool):
     """paca_mm.visualization.inference (tools/visualize_clusters.py, tools/image_demo.py)."""
     pytest.importorskip('mmseg')
     cv2 = pytest.importorskip('cv2')
+    from paca_mm.visualization.image_demo import run_image_demo
     from paca_mm.visualization.inference import build_model
     image = str(tmp_path / 'img.png')
     cv2.imwrite(image, np.random.default_rng(0).integers(0, 255, (32, 32, 3), dtype=np.uint8))
@@ -354,6 +355,8 @@ def test_visualization_loaders(tmp_path, mechanism, load_tool):
                                               str(tmp_path / 'vis')])
         with pytest.raises(CheckpointError):
             load_tool('image_demo').main([CONFIG, path, image, '--out', str(tmp_path / 'o.png')])
+        with pytest.raises(CheckpointError):  # the API behind it: trust is off by default
+            run_image_demo(CONFIG, path, image, str(tmp_path / 'o.png'))
         assert not marker.exists()
     trusted, ref = _seg_model_checkpoint(tmp_path, benign=True)
     with pytest.raises(CheckpointError, match='fractions.Fraction'):
