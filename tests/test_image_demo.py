@@ -79,6 +79,44 @@ def test_image_demo_segmentation(tmp_path, load_tool, atomic_writes):
     torch.testing.assert_close(out['result'].seg_logits.data, ref.seg_logits.data)
 
 
+def test_image_demo_segmentation_names_and_colours(tmp_path, monkeypatch):
+    """The visualizer gets the checkpoint's classes and palette; without any, one name per
+    class of the head ('0', '1', ...) and a fixed palette of RGB triples."""
+    from mmseg.visualization import SegLocalVisualizer
+
+    import paca_mm.visualization.image_demo as demo
+    seen = []
+    real = SegLocalVisualizer.set_dataset_meta
+
+    def spy(self, *args, **kwargs):
+        if kwargs:  # run_image_demo's call (mmseg's __init__ passes positional Nones)
+            seen.append(kwargs)
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(SegLocalVisualizer, 'set_dataset_meta', spy)
+    torch.manual_seed(0)
+    model = build_model(SEG_CFG, None)
+    img_path = str(tmp_path / 'img.png')
+    _image(img_path, 64, 64)
+    ckpt = str(tmp_path / 'seg.pth')
+    classes, palette = ('a', 'b', 'c', 'd'), [[1, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12]]
+    _save(model, ckpt, dict(classes=classes, palette=palette))
+    demo.run_image_demo(SEG_CFG, ckpt, img_path, str(tmp_path / 'o.png'))
+    assert seen[-1] == dict(classes=classes, palette=palette)
+    real_build = demo.build_model
+
+    def build_without_meta(*args, **kwargs):
+        built = real_build(*args, **kwargs)
+        built.dataset_meta = {}
+        return built
+    monkeypatch.setattr(demo, 'build_model', build_without_meta)
+    demo.run_image_demo(SEG_CFG, None, img_path, str(tmp_path / 'o.png'))
+    num_classes = model.decode_head.num_classes
+    assert seen[-1] == dict(classes=[str(i) for i in range(num_classes)],
+                            palette=demo._palette(num_classes))
+    assert demo._palette(3) == demo._palette(3) and len(demo._palette(5)) == 5
+    assert all(len(c) == 3 and all(0 <= v <= 255 for v in c) for c in demo._palette(50))
+
+
 def test_image_demo_detection(tmp_path, load_tool, atomic_writes):
     pytest.importorskip('mmdet')
     from mmdet.apis import inference_detector
@@ -102,6 +140,22 @@ def test_image_demo_detection(tmp_path, load_tool, atomic_writes):
     ref = inference_detector(model, img_path).pred_instances
     torch.testing.assert_close(inst.scores, ref.scores)
     torch.testing.assert_close(inst.bboxes, ref.bboxes)
+    # num_instances counts what mmdet's visualizer draws: scores > score_thr (default 0.3)
+    from paca_mm.visualization.image_demo import run_image_demo
+    scores = sorted(inst.scores.tolist(), reverse=True)
+    thr = scores[1]
+    out = run_image_demo(cfg, ckpt, img_path, out_file, score_thr=thr)
+    assert out['num_instances'] == sum(s > thr for s in scores) == 1
+    from mmdet.visualization import DetLocalVisualizer
+    drawn_thr, add = [], DetLocalVisualizer.add_datasample
+
+    def spy(self, *args, **kwargs):
+        drawn_thr.append(kwargs['pred_score_thr'])
+        return add(self, *args, **kwargs)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(DetLocalVisualizer, 'add_datasample', spy)
+        out = run_image_demo(cfg, ckpt, img_path, out_file)
+    assert out['num_instances'] == sum(s > 0.3 for s in scores) and drawn_thr == [0.3]
 
 
 def test_image_demo_classification(tmp_path, load_tool, atomic_writes):

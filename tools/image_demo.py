@@ -50,7 +50,7 @@ def main(argv=None):
     if out['task'] == 'cls':
         print('top classes: ' + ', '.join(f'{c}: {p:.4f}' for c, p in out['top']))
     elif out['task'] == 'det':
-        print(f'{out["num_instances"]} instances with score >= {args.score_thr}')
+        print(f'{out["num_instances"]} instances with score > {args.score_thr} (drawn)')
     print(f'result written to {out["out_file"]}')
     return out
 

@@ -49,7 +49,7 @@ def run_image_demo(config, checkpoint: Optional[str], image: str, out_file: str,
         result = inference_detector(model, image)
         vis = DetLocalVisualizer(name=_unique_name('paca_det_demo'))
         vis.dataset_meta = meta
-        n = int((result.pred_instances.scores >= score_thr).sum())
+        n = int((result.pred_instances.scores > score_thr).sum())  # as drawn
         extra, out = dict(pred_score_thr=score_thr), dict(task='det', num_instances=n)
     elif scope == 'mmseg':
         from mmseg.apis import inference_model
