@@ -131,6 +131,8 @@ def test_explainer_defaults_chunks_labels_and_errors(classifier, monkeypatch):
     """Stage 3 by default (the paper's); the stages with clusters named in the error;
     classify() in chunks (the first included) and on the last of a tuple of logits; label 0
     accepted; one (3, H, W) image only; class names only in range."""
+    from types import SimpleNamespace
+
     from paca_mm.visualization import check_stage
     raw = _raw(seed=5)
     assert torch.equal(stage_cluster_logits(classifier, raw),
@@ -142,7 +144,9 @@ def test_explainer_defaults_chunks_labels_and_errors(classifier, monkeypatch):
     for bad in (5, 1.0):
         with pytest.raises(ValueError, match=r'1\.\.4'):
             check_stage(backbone, bad)
-    batch = torch.stack([_raw(seed=i) for i in range(3)])
+    with pytest.raises(ValueError, match=r'stages with clusters: \[1, 2, 4\]'):  # M = 1 too
+        check_stage(SimpleNamespace(num_clusters=(1, 2, 0, 3)), 3)
+    batch = torch.stack([_raw(seed=i) for i in range(5)])  # not 3, the channel count
     whole = classify(classifier, batch)
     torch.testing.assert_close(classify(classifier, batch, batch_size=2), whole)
     torch.testing.assert_close(torch.cat([classify(classifier, b[None]) for b in batch]), whole)
