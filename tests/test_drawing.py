@@ -71,6 +71,12 @@ def test_resize_tile_keeps_the_aspect_and_pads_white():
     assert np.array_equal(up[:, :4], cv2.resize(img[:4, :2], (4, 8),
                                                 interpolation=cv2.INTER_NEAREST))
     assert (up[:, 4:] == 255).all()
+    up = resize_tile(img[:4, :2], 6)  # enlarged 1.5x: nearest too
+    assert np.array_equal(up[:, :3], cv2.resize(img[:4, :2], (3, 6),
+                                                interpolation=cv2.INTER_NEAREST))
+    wide, tall = _image(1, 200) // 2, _image(200, 1) // 2  # no white pixel in either
+    assert (resize_tile(wide, 20)[1:] == 255).all() and (resize_tile(wide, 20)[0] < 255).all()
+    assert (resize_tile(tall, 20)[:, 1:] == 255).all()  # one pixel thin stays one pixel
 
 
 def test_make_grid_row_major_with_padding():
@@ -100,6 +106,7 @@ def test_heatmap_grid_is_the_input_then_one_overlay_per_cluster():
         for m, h in enumerate(heat)]
     assert np.array_equal(grid, make_grid(tiles, 2))
     assert heatmap_grid(image, heat, tile=32, ncols=4).shape == (34 + 2, 4 * 34 + 2, 3)
+    assert heatmap_grid(image, heat).shape == (2 * 130 + 2, 2 * 130 + 2, 3)  # tile 128
 
 
 def _groups(positive, negative, m=4, h=12, w=16, given=False):
@@ -118,12 +125,15 @@ def test_group_figure_rows_and_masked_tiles():
     width = 1 * (tile + 2) + 2
     # caption, input, caption, positive row (top 1), caption, negative row (top 1)
     assert fig.shape == (3 * 24 + 3 * (tile + 4), width, 3)
+    assert (fig[:22] < 128).any()  # black caption text
     row = fig[24 + tile + 4 + 24:][2:2 + tile, 2:2 + tile]
     masked = image * _groups([], []).masks[0].numpy()[..., None].astype(np.uint8)
     below = slice(16, 30)  # under the label bar, inside the image area (30 rows of 40)
     assert np.array_equal(row[below], resize_tile(masked, tile)[below])
     fig = group_figure(image, _groups([0, 1, 2, 3], [], given=True), topk=3, tile=tile)
     assert fig.shape == (3 * 24 + 3 * (tile + 4), 3 * (tile + 2) + 2, 3)
+    wide = group_figure(image, _groups([0], [1]), topk=3, tile=100)
+    assert (wide[:24, -4:] == 255).all()  # on white, past the caption's text
 
 
 def test_save_image_writes_the_exact_pixels(tmp_path):
