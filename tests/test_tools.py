@@ -274,6 +274,12 @@ def test_tool_cli_errors(tmp_path, monkeypatch, load_tool):
         test_tool.main([CONFIG, str(tmp_path / 'missing.pth')])
     args = train_tool.parse_args([CONFIG, '--resume'])
     assert args.resume == 'auto'
+    # the toolboxes' defaults: no AMP, 2 s between shown images, LOCAL_RANK 0 if unset
+    assert train_tool.parse_args([CONFIG]).amp is False
+    assert test_tool.parse_args([CONFIG, 'x.pth']).wait_time == 2
+    for tool, argv in ((train_tool, [CONFIG]), (test_tool, [CONFIG, 'x.pth'])):
+        monkeypatch.delenv('LOCAL_RANK')
+        assert tool.parse_args(argv).local_rank == 0 and os.environ['LOCAL_RANK'] == '0'
     args = train_tool.parse_args([CONFIG, '--resume', 'x.pth', '--amp', '--launcher', 'pytorch',
                                   '--cfg-options', 'a.b=1'])
     assert (args.resume, args.amp, args.launcher, args.cfg_options) == \
