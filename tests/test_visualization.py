@@ -165,6 +165,60 @@ def test_explainer_defaults_chunks_labels_and_errors(classifier, monkeypatch):
     assert [g.class_name(c) for c in (0, 1, 2, -1)] == ['a', 'b', '2', '-1']
 
 
+def test_build_model_and_weights_for_inference(tmp_path):
+    """SyncBN as BN, the model's own data_preprocessor before the config's; an official
+    backbone file loads strictly into a segmentor's backbone; a full-model file missing a
+    tensor loads non-strictly; a file sharing no key is an error; a pickled object is
+    refused unless trusted (the default)."""
+    from mmengine.config import Config
+
+    from paca_mm.checkpoint import CheckpointError
+    from paca_mm.visualization.inference import load_image, load_model_weights
+    seg_cfg = osp.join(ROOT, 'demo', 'configs', 'pacahead_tiny_synthetic_seg.py')
+    sync = {'model.decode_head.norm_cfg': dict(type='SyncBN', requires_grad=True),
+            'data_preprocessor': dict(type='SegDataPreProcessor', mean=[0., 0., 0.],
+                                      std=[1., 1., 1.])}
+    torch.manual_seed(0)
+    model = build_model(seg_cfg, None, cfg_options=sync)
+    assert not any(isinstance(m, torch.nn.SyncBatchNorm) for m in model.modules())
+    assert model.data_preprocessor.mean.flatten().tolist() != [0., 0., 0.]
+    official = str(tmp_path / 'official.pth')
+    torch.save(model.backbone.state_dict(), official)
+    fresh = build_model(seg_cfg, None)
+    head = {k: v.clone() for k, v in fresh.decode_head.state_dict().items()}
+    load_model_weights(fresh, official, 'mmseg')
+    for k, v in model.backbone.state_dict().items():
+        assert torch.equal(fresh.backbone.state_dict()[k], v), k
+    assert all(torch.equal(fresh.decode_head.state_dict()[k], v) for k, v in head.items())
+    partial = dict(model.backbone.state_dict())
+    partial.pop('norm4.weight')
+    torch.save(partial, official)
+    with pytest.raises(Exception, match='norm4.weight'):  # strict for the backbone
+        load_model_weights(fresh, official, 'mmseg')
+    full = dict(model.state_dict())
+    full.pop('decode_head.conv_seg.bias')
+    torch.save(dict(state_dict=full), str(tmp_path / 'full.pth'))
+    load_model_weights(fresh, str(tmp_path / 'full.pth'), 'mmseg')  # not strict
+    torch.save(dict(state_dict={'foo': torch.zeros(1)}), str(tmp_path / 'other.pth'))
+    with pytest.raises(ValueError, match='shares no key'):
+        load_model_weights(fresh, str(tmp_path / 'other.pth'), 'mmseg')
+    torch.save(dict(state_dict=full, meta=dict(lr=__import__('fractions').Fraction(1, 3))),
+               str(tmp_path / 'pickled.pth'))
+    with pytest.raises(CheckpointError, match='fractions.Fraction'):
+        load_model_weights(fresh, str(tmp_path / 'pickled.pth'), 'mmseg')
+    from paca_mm.visualization.inference import unwrap
+    lin = torch.nn.Linear(2, 2)
+    wrapper = torch.nn.Module()
+    wrapper.module = model
+    assert unwrap(lin) is lin and unwrap(wrapper) is model and unwrap(model) is model
+    # arrays: (H, W, 3) only; size=(H, W)
+    cfg = Config.fromfile(seg_cfg)
+    assert load_image(cfg, np.zeros((20, 30, 3), np.uint8), size=(8, 12)).shape == (3, 8, 12)
+    for bad in (np.zeros((20, 30)), np.zeros((20, 30, 4))):
+        with pytest.raises(ValueError, match=r'expected an \(H, W, 3\) BGR image'):
+            load_image(cfg, bad, size=(8, 12))
+
+
 def _check_png(path, shape=None):
     assert osp.isfile(path) and osp.getsize(path) > 100
     img = cv2.imread(path)
@@ -327,3 +381,8 @@ def test_normalize_inputs_matches_the_data_preprocessor(cfg):
     # mmdet pads to a multiple of 32: compare the image area
     torch.testing.assert_close(ours, theirs[..., :40, :56])
     assert not torch.allclose(ours, raw[None])  # something was done
+    model.data_preprocessor._channel_conversion = False  # a BGR model: no channel swap
+    ours = normalize_inputs(model, raw[None])
+    theirs = model.data_preprocessor(dict(inputs=[raw.to(torch.uint8)], data_samples=None),
+                                     False)['inputs']
+    torch.testing.assert_close(ours, theirs[..., :40, :56])
