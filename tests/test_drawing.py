@@ -142,3 +142,6 @@ def test_save_image_writes_the_exact_pixels(tmp_path):
     assert path == str(tmp_path / 'a' / 'b.png') and sorted(p.name for p in (tmp_path / 'a')
                                                            .iterdir()) == ['b.png']
     assert np.array_equal(cv2.imread(path), img)
+    jpg = save_image(str(tmp_path / 'c.jpg'), img)  # the format follows the extension
+    with open(jpg, 'rb') as f:
+        assert f.read(2) == b'\xff\xd8'

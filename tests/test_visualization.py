@@ -228,6 +228,13 @@ def _check_png(path, shape=None):
     return img
 
 
+def test_explain_image_defaults(classifier, tmp_path):
+    """Stage 3 (the paper's), tiles of 128: M + 1 = 17 tiles in 5 columns."""
+    out = explain_image(classifier, _raw(), str(tmp_path), per_cluster=False)
+    assert osp.basename(out['heatmaps']) == 'stage3_heatmaps.png'
+    _check_png(out['heatmaps'], (4 * 130 + 2, 5 * 130 + 2))
+
+
 def test_explain_image_writes_figures(classifier, tmp_path):
     out = explain_image(classifier, _raw(), str(tmp_path), stage=1, groups=True, topk=3,
                         tile=64, class_names=['a', 'b', 'c', 'd'])
