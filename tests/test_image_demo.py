@@ -93,6 +93,9 @@ def test_image_demo_segmentation_names_and_colours(tmp_path, monkeypatch):
             seen.append(kwargs)
         return real(self, *args, **kwargs)
     monkeypatch.setattr(SegLocalVisualizer, 'set_dataset_meta', spy)
+    drawn, get_image = [], SegLocalVisualizer.get_image
+    monkeypatch.setattr(SegLocalVisualizer, 'get_image',
+                        lambda self: drawn.append(get_image(self)) or drawn[-1])
     torch.manual_seed(0)
     model = build_model(SEG_CFG, None)
     img_path = str(tmp_path / 'img.png')
@@ -102,6 +105,8 @@ def test_image_demo_segmentation_names_and_colours(tmp_path, monkeypatch):
     _save(model, ckpt, dict(classes=classes, palette=palette))
     demo.run_image_demo(SEG_CFG, ckpt, img_path, str(tmp_path / 'o.png'))
     assert seen[-1] == dict(classes=classes, palette=palette)
+    # the visualizer draws RGB; the file is BGR (cv2)
+    assert np.array_equal(cv2.imread(str(tmp_path / 'o.png')), drawn[-1][..., ::-1])
     real_build = demo.build_model
 
     def build_without_meta(*args, **kwargs):

@@ -86,6 +86,19 @@ def test_adapt_cfg_to_cpu():
     cfg = _cfg()
     adapt_cfg_to_device(cfg, cuda=False)
     assert 'model_wrapper_cfg' not in cfg and cfg.env_cfg.dist_cfg.backend == 'nccl'
+    # the config's own wrapper: MMDistributedDataParallel (named or by default) becomes the
+    # CPU one with its arguments, another wrapper is left alone; no optim_wrapper (testing)
+    for wrapper, expected in ((dict(type='MMDistributedDataParallel', find_unused_parameters=True),
+                               'CPUDistributedDataParallel'),
+                              (dict(find_unused_parameters=True), 'CPUDistributedDataParallel'),
+                              (dict(type='MMFullyShardedDataParallel'),
+                               'MMFullyShardedDataParallel')):
+        cfg = _cfg(launcher='pytorch', model_wrapper_cfg=wrapper)
+        cfg.pop('optim_wrapper')
+        adapt_cfg_to_device(cfg, cuda=False)
+        assert cfg.model_wrapper_cfg.get('type') == expected, wrapper
+        assert cfg.model_wrapper_cfg.get('find_unused_parameters') == wrapper.get(
+            'find_unused_parameters')
 
 
 def test_train_args():
@@ -333,6 +346,16 @@ def test_init_cpu_distributed_missing_env(monkeypatch):
         rt.init_cpu_distributed('pytorch')
     with pytest.raises(ValueError, match='launcher'):
         rt.init_cpu_distributed('ssh')
+    # Slurm without SLURM_LOCALID: local rank 0
+    for key, value in dict(SLURM_PROCID='0', SLURM_NTASKS='1', MASTER_ADDR='node1').items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv('SLURM_LOCALID', raising=False)
+    monkeypatch.delenv('MASTER_PORT', raising=False)  # restored after the test: set below
+    monkeypatch.setattr(rt.torch_dist, 'init_process_group', lambda **kw: None)
+    assert rt.init_cpu_distributed('slurm') and os.environ['LOCAL_RANK'] == '0'
+    # with CUDA the toolboxes' own init_dist runs: nothing here
+    monkeypatch.setattr(rt.torch.cuda, 'is_available', lambda: True)
+    assert rt.init_cpu_distributed('slurm') is False
 
 
 def test_rng_state_hook_restores_on_resume_only():
