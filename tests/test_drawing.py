@@ -51,7 +51,6 @@ def test_put_label_draws_a_bar_in_place():
     assert put_label(img, 'ab') is img
     (tw, th), base = cv2.getTextSize('ab', 0, 0.3, 1)  # scale max(0.3, 40 / 320), thickness 1
     bar = img[:th + base + 5, :tw + 5]
-    assert ((bar == 0) | (bar == 255) | ((bar > 0) & (bar < 255))).all()
     assert (img[th + base + 5:] == 128).all() and (img[:, tw + 5:] == 128).all()
     assert (bar == 0).any() and (bar > 128).any()  # black bar, white text
     img = np.full((40, 60, 3), 128, np.uint8)
